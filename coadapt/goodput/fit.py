@@ -1,0 +1,212 @@
+"""Fitting θ_sys to a job's observed iteration times (seed 000 §4.1, eq. 13).
+
+The job records ``(nodes, replicas, m, s, T_grad, T_iter)`` for every configuration it ran and
+refits whenever it sees a new one. We minimise the mean squared *log* error of eq. 12 (and of
+T_grad when measured) with L-BFGS-B under the paper's bounds (α, β ≥ 0, γ ∈ [1, 10]). Log
+error treats a 10 ms and a 10 s step alike; the analytic gradient keeps a fit near a
+millisecond so the simulator can refit hundreds of jobs.
+
+Parameters without evidence stay at optimistic priors, so the scheduler is willing to try
+what the job has not tried yet: no multi-node observation → cross-node sync costs what
+single-node sync costs; no multi-GPU observation → sync is free; one micro-batch size → the
+fixed and per-sample compute costs split the observed time evenly (scaling the batch then looks
+cheap). Together with the 2× cap (:func:`exploration_cap`) this is how a job explores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.optimize
+from numpy.typing import ArrayLike
+
+from coadapt.goodput.model import FloatArray, PerfParams
+
+_TINY = 1e-8  # lower bound of α/β: keeps logs and ratios finite
+_REG_GAMMA = 1e-3  # pulls γ towards 1 (α/β are easier to identify with little overlap)
+_REG_RETRO = 1e-2  # prefers small retrogression β/α: optimistic about adding replicas
+
+
+class FitError(ValueError):
+    """The observations cannot be fitted (empty, non-positive or non-finite times)."""
+
+
+@dataclass(frozen=True)
+class Observations:
+    """A job's throughput profile, one row per distinct configuration it ran."""
+
+    num_nodes: FloatArray
+    num_replicas: FloatArray
+    local_bsz: FloatArray
+    accum_steps: FloatArray
+    iter_time: FloatArray  # T_iter: seconds per optimizer step, eq. 12
+    grad_time: FloatArray  # T_grad: seconds per micro-batch pass; NaN where not measured
+
+    @classmethod
+    def build(
+        cls,
+        num_nodes: ArrayLike,
+        num_replicas: ArrayLike,
+        local_bsz: ArrayLike,
+        iter_time: ArrayLike,
+        accum_steps: ArrayLike | None = None,
+        grad_time: ArrayLike | None = None,
+    ) -> Observations:
+        n = np.asarray(num_nodes, dtype=np.float64).ravel()
+        size = n.size
+        def col(x: ArrayLike | None, fill: float) -> FloatArray:
+            if x is None:
+                return np.full(size, fill)
+            a = np.asarray(x, dtype=np.float64).ravel()
+            if a.size != size:
+                raise FitError(f"observation columns differ in length: {a.size} != {size}")
+            return a
+        obs = cls(
+            num_nodes=n,
+            num_replicas=col(num_replicas, 1.0),
+            local_bsz=col(local_bsz, 1.0),
+            accum_steps=col(accum_steps, 0.0),
+            iter_time=col(iter_time, np.nan),
+            grad_time=col(grad_time, np.nan),
+        )
+        if size == 0:
+            raise FitError("no observations to fit; run the job at least one step first")
+        if not np.all(np.isfinite(obs.iter_time)) or np.any(obs.iter_time <= 0):
+            raise FitError("iter_time must be finite and > 0 for every observation")
+        measured = ~np.isnan(obs.grad_time)
+        if np.any(obs.grad_time[measured] <= 0):
+            raise FitError("grad_time must be > 0 where measured")
+        if np.any(obs.num_nodes < 1) or np.any(obs.num_replicas < obs.num_nodes):
+            raise FitError("need 1 <= num_nodes <= num_replicas in every observation")
+        if np.any(obs.local_bsz < 1) or np.any(obs.accum_steps < 0):
+            raise FitError("need local_bsz >= 1 and accum_steps >= 0 in every observation")
+        return obs
+
+
+def _predict_log_iter(
+    x: FloatArray, obs: Observations
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """log T_iter and its gradient w.r.t. the 7 parameters; also T_grad."""
+    ag, bg, al, bl, an, bn, g = x
+    multi_node = obs.num_nodes > 1
+    multi_gpu = obs.num_replicas > 1
+    local = multi_gpu & ~multi_node
+    retro = np.maximum(obs.num_replicas - 2, 0)
+    tg = ag + bg * obs.local_bsz
+    ts = np.where(multi_node, an + bn * retro, np.where(local, al + bl * retro, 0.0))
+    tsg = ts**g
+    tgg = tg**g
+    ssum = tgg + tsg
+    over = ssum ** (1.0 / g)
+    total = obs.accum_steps * tg + over
+    # d over / d tg = (tg / over)^(g-1);  d over / d ts = (ts / over)^(g-1)
+    d_tg = obs.accum_steps + (tg / over) ** (g - 1)
+    d_ts = np.where(ts > 0, (ts / over) ** (g - 1), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ts_term = np.where(ts > 0, tsg * np.log(np.where(ts > 0, ts, 1.0)), 0.0)
+    dlog_over_dg = -np.log(ssum) / g**2 + (tgg * np.log(tg) + log_ts_term) / (g * ssum)
+    d_g = over * dlog_over_dg
+    jac = np.zeros((7, obs.num_nodes.size))
+    jac[0] = d_tg
+    jac[1] = d_tg * obs.local_bsz
+    jac[2] = np.where(local, d_ts, 0.0)
+    jac[3] = np.where(local, d_ts * retro, 0.0)
+    jac[4] = np.where(multi_node, d_ts, 0.0)
+    jac[5] = np.where(multi_node, d_ts * retro, 0.0)
+    jac[6] = d_g
+    return np.log(total), jac / total, tg
+
+
+def _objective(
+    x: FloatArray, obs: Observations, regularization: float = 1.0
+) -> tuple[float, FloatArray]:
+    log_pred, dlog, tg = _predict_log_iter(x, obs)
+    r1 = log_pred - np.log(obs.iter_time)
+    value = float(np.mean(r1**2))
+    grad = 2.0 * (dlog @ r1) / r1.size
+    measured = ~np.isnan(obs.grad_time)
+    if np.any(measured):
+        r2 = np.log(tg[measured]) - np.log(obs.grad_time[measured])
+        value += float(np.mean(r2**2))
+        coef = 2.0 * r2 / tg[measured] / r2.size
+        grad[0] += np.sum(coef)
+        grad[1] += np.sum(coef * obs.local_bsz[measured])
+    if regularization > 0:
+        ag, bg, al, bl, an, bn, g = x
+        rg, rr = regularization * _REG_GAMMA, regularization * _REG_RETRO
+        value += rg * (g - 1.0) ** 2 + rr * ((bn / an) ** 2 + (bl / al) ** 2)
+        grad[6] += 2.0 * rg * (g - 1.0)
+        grad[5] += 2.0 * rr * bn / an**2
+        grad[4] -= 2.0 * rr * bn**2 / an**3
+        grad[3] += 2.0 * rr * bl / al**2
+        grad[2] -= 2.0 * rr * bl**2 / al**3
+    return value, grad
+
+
+def fit_perf_params(obs: Observations, regularization: float = 1.0) -> PerfParams:
+    """Fit θ_sys to a job's observations by L-BFGS-B on the mean squared log error.
+
+    ``regularization`` scales two small priors (γ near 1, small retrogression β/α) that
+    keep fits on few observations optimistic and well-posed; 0 gives the plain least-squares
+    fit, which recovers θ_sys exactly from noiseless observations.
+    """
+    # Reference time scale of one micro-batch, for the starting point and the priors.
+    measured = ~np.isnan(obs.grad_time)
+    base = (
+        float(np.mean(obs.grad_time[measured]))
+        if np.any(measured)
+        else float(np.mean(obs.iter_time / (obs.accum_steps + 1)))
+    )
+    mean_bsz = float(np.mean(obs.local_bsz))
+    x0 = np.array([base / 2, base / 2 / mean_bsz, base / 10, base / 100, base / 10, base / 100,
+                   1.0 + 1e-3])
+    lower = np.array([_TINY] * 6 + [1.0])
+    upper = np.array([np.inf] * 6 + [10.0])
+
+    def fix(i: int, value: float) -> None:
+        x0[i] = lower[i] = upper[i] = value
+
+    if np.unique(obs.local_bsz).size == 1:
+        # One micro-batch size cannot separate fixed from per-sample cost: split evenly.
+        fix(0, base / 2)
+    multi_node = obs.num_nodes > 1
+    single_node_multi = (obs.num_nodes == 1) & (obs.num_replicas > 1)
+    if not np.any(multi_node):
+        fix(4, _TINY)
+        fix(5, _TINY)
+    if not np.any(single_node_multi):
+        fix(2, _TINY)
+        fix(3, _TINY)
+    if not np.any(obs.num_replicas > 2):
+        fix(3, _TINY)
+        fix(5, _TINY)
+    x0 = np.clip(x0, lower, upper)
+    # Optimise in units of the starting point: α, β and γ then all move on a scale of ~1,
+    # which L-BFGS-B converges on in a few dozen evaluations instead of hundreds.
+    unit = np.where(x0 > 0, x0, 1.0)
+    unit[6] = 1.0
+
+    def scaled(u: FloatArray) -> tuple[float, FloatArray]:
+        value, grad = _objective(u * unit, obs, regularization)
+        return value, grad * unit
+
+    result = scipy.optimize.minimize(
+        scaled, x0 / unit, jac=True, method="L-BFGS-B",
+        bounds=list(zip(lower / unit, upper / unit, strict=True)),
+    )
+    x = np.asarray(result.x, dtype=np.float64) * unit
+    if not np.any(multi_node):
+        # Optimistic but not absurd: crossing nodes is at least as slow as staying on one.
+        x[4] = max(x[4], x[2] * 1.1)
+        x[5] = max(x[5], x[3] * 1.1)
+    return PerfParams.from_array(x)
+
+
+def exploration_cap(max_gpus_held: int, max_replicas: int) -> int:
+    """Most GPUs a job may get: 2× the most it ever held (seed 000 §4.1), within its max.
+
+    A model fitted on small allocations extrapolates badly; growing at most 2× per step lets
+    the job measure before the scheduler bets on it.
+    """
+    return max(1, min(max_replicas, 2 * max(max_gpus_held, 0) if max_gpus_held > 0 else 1))

@@ -1,0 +1,80 @@
+"""SPEEDUP_j(A_j), eq. 16: a job's best goodput on an allocation relative to a reference.
+
+The scheduler evaluates it for many candidate allocations each round, so results are memoised
+per (nodes, replicas) — the goodput model depends on the allocation only through those two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from coadapt.goodput.model import BatchLimits, FloatArray, GoodputModel
+
+
+class SpeedupFunction:
+    """Speedup of one job versus a reference allocation (the fair share, eq. 16).
+
+    A job with no fitted model yet is assumed to scale perfectly (the optimistic prior):
+    speedup = K / K_ref.
+    """
+
+    def __init__(
+        self,
+        model: GoodputModel | None,
+        limits: BatchLimits,
+        ref_nodes: int = 1,
+        ref_replicas: int = 1,
+    ) -> None:
+        if ref_replicas < 1 or ref_nodes < 1 or ref_nodes > ref_replicas:
+            raise ValueError(f"bad reference allocation: {ref_nodes} nodes, {ref_replicas} GPUs")
+        self.model = model
+        self.limits = limits
+        self.ref_nodes = ref_nodes
+        self.ref_replicas = ref_replicas
+        self._memo: dict[tuple[int, int], float] = {}
+        if model is None:
+            self._base = float(ref_replicas)
+        else:
+            base = float(model.optimize(ref_nodes, ref_replicas, limits).goodput)
+            if base <= 0:
+                # The reference itself is infeasible (e.g. fair share below the minimum
+                # micro-batch split): fall back to one GPU, which is always feasible.
+                base = float(model.optimize(1, 1, limits).goodput)
+            self._base = base if base > 0 else 1.0
+
+    def __call__(self, num_nodes: ArrayLike, num_replicas: ArrayLike) -> FloatArray:
+        nodes = np.asarray(num_nodes, dtype=np.int64)
+        replicas = np.asarray(num_replicas, dtype=np.int64)
+        nodes, replicas = np.broadcast_arrays(nodes, replicas)
+        flat_n = nodes.ravel()
+        flat_r = replicas.ravel()
+        out = np.empty(flat_r.size, dtype=np.float64)
+        missing: list[int] = []
+        for i, key in enumerate(zip(flat_n.tolist(), flat_r.tolist(), strict=True)):
+            value = self._memo.get(key)
+            if value is None:
+                missing.append(i)
+            else:
+                out[i] = value
+        if missing:
+            idx = np.asarray(missing)
+            keys = np.unique(np.stack([flat_n[idx], flat_r[idx]]), axis=1)
+            values = self._evaluate(keys[0], keys[1])
+            for n, r, v in zip(keys[0].tolist(), keys[1].tolist(), values.tolist(), strict=True):
+                self._memo[(n, r)] = v
+            for i in missing:
+                out[i] = self._memo[(int(flat_n[i]), int(flat_r[i]))]
+        return out.reshape(replicas.shape)
+
+    def _evaluate(self, nodes: FloatArray, replicas: FloatArray) -> FloatArray:
+        result = np.zeros(replicas.shape, dtype=np.float64)
+        live = replicas > 0
+        if not np.any(live):
+            return result
+        if self.model is None:
+            result[live] = replicas[live] / self._base
+            return result
+        choice = self.model.optimize(np.maximum(nodes[live], 1), replicas[live], self.limits)
+        result[live] = choice.goodput / self._base
+        return result

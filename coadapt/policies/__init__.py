@@ -1,0 +1,60 @@
+"""Scheduling policies: one interface (:class:`Policy`), pure given a snapshot and a seed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coadapt.policies.base import (
+    Allocation,
+    BatchMode,
+    ClusterSnapshot,
+    JobInfo,
+    NodeInfo,
+    Policy,
+    PolicyError,
+    placement_of,
+    validate_allocations,
+)
+
+#: Policy names accepted by :func:`make_policy`, the CLI and the controller.
+POLICY_NAMES = ("pollux", "pollux-ga", "tiresias", "optimus", "fifo")
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    """Build a fresh policy object by name (each simulation or controller gets its own)."""
+    if name == "pollux":
+        from coadapt.policies.pollux import PolluxPolicy
+
+        return PolluxPolicy(**options)
+    if name == "pollux-ga":
+        from coadapt.policies.pollux_ga import PolluxGAPolicy
+
+        return PolluxGAPolicy(**options)
+    if name == "tiresias":
+        from coadapt.policies.tiresias import TiresiasPolicy
+
+        return TiresiasPolicy(**options)
+    if name == "optimus":
+        from coadapt.policies.optimus import OptimusPolicy
+
+        return OptimusPolicy(**options)
+    if name == "fifo":
+        from coadapt.policies.fifo import FifoPolicy
+
+        return FifoPolicy(**options)
+    raise PolicyError(f"unknown policy {name!r}; accepted: {', '.join(POLICY_NAMES)}")
+
+
+__all__ = [
+    "POLICY_NAMES",
+    "Allocation",
+    "BatchMode",
+    "ClusterSnapshot",
+    "JobInfo",
+    "NodeInfo",
+    "Policy",
+    "PolicyError",
+    "make_policy",
+    "placement_of",
+    "validate_allocations",
+]

@@ -1,0 +1,138 @@
+"""The one interface every scheduling policy implements, and the snapshot it decides on.
+
+A policy is a function of a :class:`ClusterSnapshot` and a seeded random generator; it does no
+I/O and holds no handle on an executor, so the simulator, the live controller and the tests run
+the very same objects (STYLE §1). Policies that need memory across rounds (the GA's population,
+Tiresias' queues) keep it on the policy object, and only that: feeding a policy the same
+sequence of snapshots and seeds gives the same decisions.
+
+An allocation is a tuple with the number of GPUs a job gets on each node, in the snapshot's node
+order; all zeros means the job is not running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from coadapt.goodput import BatchLimits, GoodputModel
+
+Allocation = tuple[int, ...]
+
+
+class BatchMode(str, Enum):
+    """How a policy expects jobs to choose their batch size and GPU count.
+
+    The mechanism (simulator, controller) configures jobs from this declaration instead of
+    branching on the policy's type.
+    """
+
+    ADAPTIVE = "adaptive"  # the policy picks GPUs; each job picks its batch by goodput (Pollux)
+    FIXED_BATCH = "fixed_batch"  # the policy picks GPUs; the batch stays as submitted (Optimus)
+    FIXED = "fixed"  # GPUs and batch stay as submitted; the policy picks when/where (Tiresias)
+
+
+class PolicyError(ValueError):
+    """A policy was asked for by a name that does not exist, or given an invalid snapshot."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node of the cluster as the scheduler sees it."""
+
+    name: str
+    gpus: int  # schedulable GPU (or CPU-slot) count
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a policy may know about one running or pending job.
+
+    Each policy reads the fields it needs (STYLE: a policy declares what it needs through its
+    interface, the mechanism never branches on the policy's type).
+    """
+
+    name: str
+    submit_time: float  # seconds, on the snapshot's clock
+    attained_service: float = 0.0  # GPU-seconds received so far (Tiresias' 2D-LAS)
+    num_restarts: int = 0  # re-allocations so far (Pollux's re-allocation factor)
+    min_replicas: int = 0
+    max_replicas: int = 64  # the user's (or the model's) upper bound on GPUs
+    max_gpus_held: int = 0  # most GPUs the job ever held (Pollux's 2x exploration cap)
+    # Goodput-aware policies (Pollux): the job's fitted model and batch limits. None = no
+    # model yet (a job that never ran); policies then assume perfect scaling.
+    goodput: GoodputModel | None = None
+    limits: BatchLimits | None = None
+    # Static-configuration policies (Tiresias, FIFO): the GPUs the user asked for.
+    requested_replicas: int | None = None
+    # Remaining-time policies (Optimus): seconds per iteration with k GPUs at the job's batch,
+    # and the iterations it has left. From the fitted model live, from the trace ("oracle")
+    # in the simulator.
+    step_time: Callable[[int], float] | None = None
+    remaining_iterations: float | None = None
+    priority: int = 0
+
+    def age(self, now: float) -> float:
+        return max(now - self.submit_time, 0.0)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything a policy may look at in one scheduling round."""
+
+    now: float
+    nodes: tuple[NodeInfo, ...]
+    jobs: Mapping[str, JobInfo]  # running and pending jobs, in submission order
+    current: Mapping[str, Allocation] = field(default_factory=dict)
+    restart_delay: float = 30.0  # δ: seconds a re-allocation costs a job
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    def current_of(self, job: str) -> Allocation:
+        alloc = self.current.get(job)
+        if alloc is None:
+            return (0,) * len(self.nodes)
+        return alloc
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduling policy: decide every job's allocation for the next round."""
+
+    name: str
+    batch_mode: BatchMode
+
+    def optimize(
+        self, snapshot: ClusterSnapshot, rng: np.random.Generator
+    ) -> dict[str, Allocation]:
+        """Return an allocation for each job of the snapshot (jobs left out get nothing)."""
+        ...
+
+
+def validate_allocations(
+    snapshot: ClusterSnapshot, allocations: Mapping[str, Allocation]
+) -> None:
+    """Raise :class:`PolicyError` if ``allocations`` over-commits a node or names a stranger."""
+    width = len(snapshot.nodes)
+    used = np.zeros(width, dtype=np.int64)
+    for job, alloc in allocations.items():
+        if job not in snapshot.jobs:
+            raise PolicyError(f"allocation for unknown job {job!r}")
+        if len(alloc) != width or any(int(x) < 0 for x in alloc):
+            raise PolicyError(f"allocation {alloc!r} of {job!r} must be {width} counts >= 0")
+        used += np.asarray(alloc, dtype=np.int64)
+    cap = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
+    if np.any(used > cap):
+        over = [snapshot.nodes[i].name for i in np.flatnonzero(used > cap)]
+        raise PolicyError(f"nodes over-committed: {', '.join(over)}")
+
+
+def placement_of(alloc: Allocation) -> tuple[int, int]:
+    """(nodes, GPUs) of an allocation."""
+    return sum(1 for x in alloc if x > 0), sum(alloc)
