@@ -25,6 +25,7 @@ class SpeedupFunction:
         limits: BatchLimits,
         ref_nodes: int = 1,
         ref_replicas: int = 1,
+        prefetch: tuple[ArrayLike, ArrayLike] | None = None,
     ) -> None:
         if ref_replicas < 1 or ref_nodes < 1 or ref_nodes > ref_replicas:
             raise ValueError(f"bad reference allocation: {ref_nodes} nodes, {ref_replicas} GPUs")
@@ -35,13 +36,30 @@ class SpeedupFunction:
         self._memo: dict[tuple[int, int], float] = {}
         if model is None:
             self._base = float(ref_replicas)
-        else:
-            base = float(model.optimize(ref_nodes, ref_replicas, limits).goodput)
-            if base <= 0:
-                # The reference itself is infeasible (e.g. fair share below the minimum
-                # micro-batch split): fall back to one GPU, which is always feasible.
-                base = float(model.optimize(1, 1, limits).goodput)
-            self._base = base if base > 0 else 1.0
+            return
+        # One vectorised evaluation for the reference, one GPU (fallback) and the prefetch.
+        nodes = [ref_nodes, 1]
+        replicas = [ref_replicas, 1]
+        if prefetch is not None:
+            pn, pr = np.broadcast_arrays(np.asarray(prefetch[0]), np.asarray(prefetch[1]))
+            nodes.extend(int(x) for x in pn.ravel())
+            replicas.extend(int(x) for x in pr.ravel())
+        good = model.optimize(np.array(nodes), np.array(replicas), limits).goodput
+        # The reference may itself be infeasible (fair share below the minimum micro-batch
+        # split): fall back to one GPU, which is always feasible.
+        base = float(good[0]) if good[0] > 0 else float(good[1])
+        self._base = base if base > 0 else 1.0
+        values = (good / self._base).tolist()
+        self._memo.update(zip(zip(nodes, replicas, strict=True), values, strict=True))
+
+    def scalar(self, num_nodes: int, num_replicas: int) -> float:
+        """Fast path for one allocation (the optimiser's inner loop)."""
+        if self.model is None:
+            return num_replicas / self._base if num_replicas > 0 else 0.0
+        value = self._memo.get((num_nodes, num_replicas))
+        if value is None:
+            value = float(self(np.array([num_nodes]), np.array([num_replicas]))[0])
+        return value
 
     def __call__(self, num_nodes: ArrayLike, num_replicas: ArrayLike) -> FloatArray:
         nodes = np.asarray(num_nodes, dtype=np.int64)

@@ -1,0 +1,194 @@
+"""The Pollux scheduling problem (seed 000 §4.2): FITNESS_p over allocation matrices.
+
+Shared by the fast optimiser (:mod:`coadapt.policies.pollux`) and the reference genetic
+algorithm (:mod:`coadapt.policies.pollux_ga`), so both maximise exactly the same function:
+
+* ``SPEEDUP_j(A_j)`` — the job's best goodput on ``A_j`` over its best goodput on the fair share
+  (``ceil(G / J)`` GPUs on as few nodes as hold them), eq. 16;
+* multiplied by the re-allocation factor ``(T_j - R_j δ) / (T_j + δ)`` when ``A_j`` differs
+  from the job's current allocation;
+* ``FITNESS_p = ((1/J) Σ_j (SPEEDUP_j + ε)^p)^(1/p)`` over running *and* pending jobs, eq. 15
+  (ε keeps a job with no GPUs finite when p < 0; p = 0 is the geometric mean).
+
+Constraints: node capacity; at most one distributed (multi-node) job per node when
+interference avoidance is on; each job between its min replicas (or 0) and its cap
+``min(max_replicas, 2 × the most GPUs it ever held)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from coadapt.goodput import BatchLimits, SpeedupFunction, exploration_cap
+from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+
+def _limits_for(job: JobInfo) -> BatchLimits:
+    if job.limits is not None:
+        return job.limits
+    m0 = job.goodput.init_batch_size if job.goodput is not None else 1
+    return BatchLimits(init_batch_size=m0, max_batch_size=m0)
+
+
+class PolluxProblem:
+    """One round's optimisation problem, built from a snapshot."""
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        p: float = -1.0,
+        epsilon: float = 1e-3,
+        avoid_interference: bool = True,
+    ) -> None:
+        self.snapshot = snapshot
+        self.p = float(p)
+        self.epsilon = float(epsilon)
+        self.avoid_interference = avoid_interference
+        self.jobs: list[JobInfo] = list(snapshot.jobs.values())
+        self.names = [job.name for job in self.jobs]
+        self.node_caps: IntArray = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
+        self.num_jobs = len(self.jobs)
+        self.num_nodes = len(snapshot.nodes)
+        total = int(self.node_caps.sum())
+        self.total_gpus = total
+        per_node = int(self.node_caps.max()) if self.num_nodes else 1
+        self.gpus_per_node = max(per_node, 1)
+        fair_k = max(1, math.ceil(total / max(self.num_jobs, 1)))
+        fair_n = max(1, math.ceil(fair_k / self.gpus_per_node))
+        self.fair = (fair_n, fair_k)
+        self.max_replicas: IntArray = np.array(
+            [
+                min(exploration_cap(job.max_gpus_held, job.max_replicas), total)
+                for job in self.jobs
+            ],
+            dtype=np.int64,
+        )
+        self.speedup_fns = [
+            SpeedupFunction(
+                job.goodput, _limits_for(job), ref_nodes=fair_n, ref_replicas=fair_k,
+                prefetch=self._compact_shapes(int(self.max_replicas[j])),
+            )
+            for j, job in enumerate(self.jobs)
+        ]
+        self.min_replicas: IntArray = np.array(
+            [max(job.min_replicas, 0) for job in self.jobs], dtype=np.int64
+        )
+        delta = snapshot.restart_delay
+        factors = []
+        for job in self.jobs:
+            age = job.age(snapshot.now)
+            denom = age + delta
+            factors.append(max(age - job.num_restarts * delta, 0.0) / denom if denom > 0 else 0.0)
+        self.realloc_factor: FloatArray = np.array(factors, dtype=np.float64)
+        self.base: IntArray = self._base_state()
+
+    def _compact_shapes(self, cap: int) -> tuple[IntArray, IntArray]:
+        """(nodes, GPUs) the search mostly asks about: K GPUs on the fewest nodes, and on one
+        more; evaluated up front in one vectorised call per job."""
+        k = np.arange(1, max(cap, 1) + 1)
+        n = np.maximum(-(-k // self.gpus_per_node), 1)
+        nodes = np.minimum(np.concatenate([n, np.minimum(n + 1, k)]), max(self.num_nodes, 1))
+        return nodes, np.concatenate([k, k])
+
+    # ----------------------------------------------------------------- states
+    def _base_state(self) -> IntArray:
+        """Current allocations as a (J, N) matrix, repaired to fit the snapshot's nodes."""
+        base = np.zeros((self.num_jobs, self.num_nodes), dtype=np.int64)
+        for j, name in enumerate(self.names):
+            alloc = self.snapshot.current.get(name)
+            if alloc is not None and len(alloc) == self.num_nodes:
+                base[j] = np.maximum(np.asarray(alloc, dtype=np.int64), 0)
+        return self.repair(base[None])[0]
+
+    def repair(self, states: IntArray) -> IntArray:
+        """Make a batch of (P, J, N) states feasible, keeping as much of them as possible.
+
+        Order of enforcement: the interference rule (a later distributed job loses a node
+        already used by an earlier one), the per-job cap, node capacity (earlier jobs keep
+        their GPUs), and min replicas (a job below its minimum gets nothing).
+        """
+        states = np.maximum(np.asarray(states, dtype=np.int64), 0).copy()
+        if states.size == 0:
+            return states
+        if self.avoid_interference:
+            distributed = np.count_nonzero(states, axis=2) > 1  # (P, J)
+            occupied = (states > 0) & distributed[:, :, None]
+            conflict = np.cumsum(occupied, axis=1) > 1
+            states[conflict & occupied] = 0
+        # Cap per job: keep GPUs node by node from the first node.
+        capped = np.minimum(np.cumsum(states, axis=2), self.max_replicas[None, :, None])
+        states = np.diff(capped, axis=2, prepend=0)
+        # Node capacity: earlier jobs keep their GPUs.
+        filled = np.minimum(np.cumsum(states, axis=1), self.node_caps[None, None, :])
+        states = np.diff(filled, axis=1, prepend=0)
+        below = (states.sum(axis=2) < self.min_replicas[None, :]) & (states.sum(axis=2) > 0)
+        states[below] = 0
+        return states
+
+    def is_feasible(self, state: IntArray) -> bool:
+        if np.any(state < 0) or np.any(state.sum(axis=0) > self.node_caps):
+            return False
+        k = state.sum(axis=1)
+        if np.any(k > self.max_replicas) or np.any((k > 0) & (k < self.min_replicas)):
+            return False
+        if self.avoid_interference:
+            distributed = np.count_nonzero(state, axis=1) > 1
+            if np.any(((state > 0) & distributed[:, None]).sum(axis=0) > 1):
+                return False
+        return True
+
+    # --------------------------------------------------------------- speedups
+    def speedup(self, j: int, nodes: int, replicas: int, changed: bool) -> float:
+        """SPEEDUP_j with the re-allocation factor applied when the allocation changes."""
+        if replicas <= 0:
+            return 0.0
+        value = self.speedup_fns[j].scalar(nodes, replicas)
+        return value * self.realloc_factor[j] if changed else value
+
+    def utility(self, speedup: float) -> float:
+        """Per-job term g(s) whose sum orders states exactly as FITNESS_p does."""
+        x = speedup + self.epsilon
+        if self.p == 0:
+            return math.log(x)
+        if self.p < 0:
+            return -(x**self.p)
+        return float(x**self.p)
+
+    def job_speedups(self, states: IntArray) -> FloatArray:
+        """(P, J) speedups (factor included) of a batch of (P, J, N) states."""
+        states = np.asarray(states, dtype=np.int64)
+        nodes = np.count_nonzero(states, axis=2)
+        replicas = states.sum(axis=2)
+        out = np.zeros(replicas.shape, dtype=np.float64)
+        changed = np.any(states != self.base[None], axis=2)
+        for j, fn in enumerate(self.speedup_fns):
+            live = replicas[:, j] > 0
+            if np.any(live):
+                out[live, j] = fn(nodes[live, j], replicas[live, j])
+        return np.where(changed, out * self.realloc_factor[None, :], out)
+
+    def fitness_of_speedups(self, speedups: FloatArray) -> FloatArray:
+        x = np.asarray(speedups, dtype=np.float64) + self.epsilon
+        if x.shape[-1] == 0:
+            return np.ones(x.shape[:-1])
+        if self.p == 0:
+            return np.exp(np.mean(np.log(x), axis=-1))
+        return np.mean(x**self.p, axis=-1) ** (1.0 / self.p)
+
+    def fitness(self, states: IntArray) -> FloatArray:
+        """FITNESS_p (eq. 15) of a batch of (P, J, N) states."""
+        return self.fitness_of_speedups(self.job_speedups(states))
+
+    # ------------------------------------------------------------- conversion
+    def to_allocations(self, state: IntArray) -> dict[str, Allocation]:
+        return {
+            name: tuple(int(x) for x in state[j])
+            for j, name in enumerate(self.names)
+            if state[j].sum() > 0
+        }
