@@ -242,44 +242,101 @@ class GoodputModel:
             np.asarray(num_nodes, dtype=np.int64), np.asarray(num_replicas, dtype=np.int64)
         )
         shape = replicas_b.shape
-        nodes = nodes_b.ravel()
-        replicas = np.maximum(replicas_b.ravel(), 1)
-        m0 = float(limits.init_batch_size)
-        upper_m = float(limits.upper_local_bsz)
-        if limits.pinned_batch is not None:
-            batch = np.full((1, replicas.size), float(limits.pinned_batch))
-        else:
-            lo = np.maximum(m0, limits.min_local_bsz * replicas.astype(np.float64))
-            hi = np.full_like(lo, float(limits.max_batch_size))
-            frac = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[:, None]
-            batch = lo * (np.maximum(hi, lo) / lo) ** frac  # geometric grid, (C, Q)
-        local = batch / replicas
-        if limits.accumulation:
-            accum = np.ceil(local / upper_m - _EPS) - 1
-            needs_two = (replicas == 1) & (local > m0 + _EPS)
-            accum = np.where(needs_two, np.maximum(accum, 1), accum)
-            accum = np.maximum(accum, 0)
-        else:
-            accum = np.zeros_like(local)
-        atomic = np.ceil(local / (accum + 1) - _EPS)
-        good = self.goodput(nodes, replicas, atomic, accum)
-        feasible = (
-            (atomic >= limits.min_local_bsz)
-            & (atomic <= upper_m)
-            & (replicas_b.ravel() > 0)
-            & (batch <= limits.max_batch_size + _EPS)
-        )
-        if limits.pinned_batch is not None:
-            feasible = (atomic >= 1) & (atomic <= upper_m) & (replicas_b.ravel() > 0)
-        good = np.where(feasible, good, 0.0)
-        best = np.argmax(good, axis=0)
-        cols = np.arange(good.shape[1])
+        q = replicas_b.size
+        cols = BatchColumns.of([self] * 1, [limits], [q])
+        good, atomic, accum = optimize_columns(cols, nodes_b.ravel(), replicas_b.ravel())
         return BatchChoice(
-            goodput=good[best, cols].reshape(shape),
-            local_bsz=atomic[best, cols].astype(np.int64).reshape(shape),
-            accum_steps=accum[best, cols].astype(np.int64).reshape(shape),
+            goodput=good.reshape(shape),
+            local_bsz=atomic.reshape(shape),
+            accum_steps=accum.reshape(shape),
             num_replicas=replicas_b.astype(np.int64),
         )
+
+
+@dataclass(frozen=True)
+class BatchColumns:
+    """Per-query model parameters and limits, so many jobs' batch choices (eq. 14) run as one
+    vectorised computation (the scheduler prices every job of a round in one call)."""
+
+    perf: FloatArray  # (7, Q): θ_sys of the job each query belongs to
+    sqr: FloatArray  # (Q,)
+    var: FloatArray  # (Q,)
+    init_batch: FloatArray  # (Q,) M0
+    min_local: FloatArray  # (Q,)
+    upper_local: FloatArray  # (Q,)
+    max_batch: FloatArray  # (Q,)
+    accumulation: NDArray[np.bool_]  # (Q,)
+    pinned: FloatArray  # (Q,) pinned total batch, 0 where free
+
+    @classmethod
+    def of(
+        cls, models: list[GoodputModel], limits: list[BatchLimits], counts: list[int]
+    ) -> BatchColumns:
+        """Columns for ``counts[i]`` queries of job i (``models[i]``, ``limits[i]``)."""
+        reps = np.asarray(counts, dtype=np.int64)
+
+        def rep(values: list[float]) -> FloatArray:
+            return np.repeat(np.asarray(values, dtype=np.float64), reps)
+
+        perf = np.repeat(np.stack([m.perf.as_array() for m in models], axis=1), reps, axis=1)
+        return cls(
+            perf=perf,
+            sqr=rep([m.grad.sqr for m in models]),
+            var=rep([m.grad.var for m in models]),
+            init_batch=rep([float(lim.init_batch_size) for lim in limits]),
+            min_local=rep([float(lim.min_local_bsz) for lim in limits]),
+            upper_local=rep([float(lim.upper_local_bsz) for lim in limits]),
+            max_batch=rep([float(lim.max_batch_size) for lim in limits]),
+            accumulation=np.repeat(np.array([lim.accumulation for lim in limits]), reps),
+            pinned=rep([float(lim.pinned_batch or 0) for lim in limits]),
+        )
+
+
+def optimize_columns(
+    cols: BatchColumns, num_nodes: ArrayLike, num_replicas: ArrayLike
+) -> tuple[FloatArray, NDArray[np.int64], NDArray[np.int64]]:
+    """Eq. 14 for Q queries at once: (goodput, m*, s*) per query; see GoodputModel.optimize."""
+    nodes = np.asarray(num_nodes, dtype=np.int64).ravel()
+    live = np.asarray(num_replicas, dtype=np.int64).ravel() > 0
+    replicas = np.maximum(np.asarray(num_replicas, dtype=np.int64).ravel(), 1).astype(np.float64)
+    m0 = cols.init_batch
+    pinned = cols.pinned > 0
+    lo = np.maximum(m0, cols.min_local * replicas)
+    hi = np.maximum(cols.max_batch, lo)
+    frac = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[:, None]
+    batch = lo * (hi / lo) ** frac  # geometric grid, (C, Q)
+    batch = np.where(pinned, cols.pinned, batch)
+    local = batch / replicas
+    accum = np.ceil(local / cols.upper_local - _EPS) - 1
+    needs_two = (replicas == 1) & (local > m0 + _EPS)
+    accum = np.where(needs_two, np.maximum(accum, 1), accum)
+    accum = np.where(cols.accumulation, np.maximum(accum, 0), 0.0)
+    atomic = np.ceil(local / (accum + 1) - _EPS)
+    # Throughput (eq. 8-12) with per-column θ_sys.
+    ag, bg, al, bl, an, bn, gamma = cols.perf
+    tg = ag + bg * atomic
+    retro = np.maximum(replicas - 2, 0)
+    ts = np.where(nodes > 1, an + bn * retro, np.where(replicas > 1, al + bl * retro, 0.0))
+    t_iter = accum * tg + (tg**gamma + ts**gamma) ** (1.0 / gamma)
+    total = replicas * atomic * (accum + 1)
+    # Efficiency (eq. 7) in its AdaScale-gain form.
+    scale = total / m0
+    denom = cols.var / scale + cols.sqr
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gain = np.where(denom > 0, (cols.var + cols.sqr) / np.where(denom > 0, denom, 1.0), 1.0)
+    good = total / t_iter * gain / scale
+    feasible = (atomic <= cols.upper_local) & live
+    feasible &= np.where(
+        pinned, atomic >= 1, (atomic >= cols.min_local) & (batch <= cols.max_batch + _EPS)
+    )
+    good = np.where(feasible, good, 0.0)
+    best = np.argmax(good, axis=0)
+    idx = np.arange(good.shape[1])
+    return (
+        good[best, idx],
+        atomic[best, idx].astype(np.int64),
+        accum[best, idx].astype(np.int64),
+    )
 
 
 def should_adopt(current_goodput: float, new_goodput: float, threshold: float = 0.05) -> bool:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from coadapt.goodput.model import BatchLimits, FloatArray, GoodputModel
+from coadapt.goodput.model import (
+    BatchColumns,
+    BatchLimits,
+    FloatArray,
+    GoodputModel,
+    optimize_columns,
+)
 
 
 class SpeedupFunction:
@@ -34,23 +40,62 @@ class SpeedupFunction:
         self.ref_nodes = ref_nodes
         self.ref_replicas = ref_replicas
         self._memo: dict[tuple[int, int], float] = {}
+        self._base = float(ref_replicas)
         if model is None:
-            self._base = float(ref_replicas)
             return
-        # One vectorised evaluation for the reference, one GPU (fallback) and the prefetch.
-        nodes = [ref_nodes, 1]
-        replicas = [ref_replicas, 1]
+        nodes, replicas = self._queries(prefetch)
+        self._absorb(nodes, replicas, model.optimize(np.array(nodes), np.array(replicas),
+                                                     limits).goodput)
+
+    def _queries(
+        self, prefetch: tuple[ArrayLike, ArrayLike] | None
+    ) -> tuple[list[int], list[int]]:
+        """The reference, one GPU (fallback reference) and the prefetched allocations."""
+        nodes = [self.ref_nodes, 1]
+        replicas = [self.ref_replicas, 1]
         if prefetch is not None:
             pn, pr = np.broadcast_arrays(np.asarray(prefetch[0]), np.asarray(prefetch[1]))
             nodes.extend(int(x) for x in pn.ravel())
             replicas.extend(int(x) for x in pr.ravel())
-        good = model.optimize(np.array(nodes), np.array(replicas), limits).goodput
+        return nodes, replicas
+
+    def _absorb(self, nodes: list[int], replicas: list[int], good: FloatArray) -> None:
         # The reference may itself be infeasible (fair share below the minimum micro-batch
         # split): fall back to one GPU, which is always feasible.
         base = float(good[0]) if good[0] > 0 else float(good[1])
         self._base = base if base > 0 else 1.0
-        values = (good / self._base).tolist()
+        values = (np.asarray(good) / self._base).tolist()
         self._memo.update(zip(zip(nodes, replicas, strict=True), values, strict=True))
+
+    @classmethod
+    def build_many(
+        cls,
+        models: list[GoodputModel | None],
+        limits: list[BatchLimits],
+        ref_nodes: int,
+        ref_replicas: int,
+        prefetch: list[tuple[ArrayLike, ArrayLike] | None],
+    ) -> list[SpeedupFunction]:
+        """Speedup functions for many jobs, priced in ONE vectorised batch-choice call."""
+        fns = [cls(None, lim, ref_nodes, ref_replicas) for lim in limits]
+        fitted = [i for i, m in enumerate(models) if m is not None]
+        if not fitted:
+            return fns
+        queries = [fns[i]._queries(prefetch[i]) for i in fitted]
+        cols = BatchColumns.of(
+            [models[i] for i in fitted],  # type: ignore[misc]
+            [limits[i] for i in fitted],
+            [len(q[0]) for q in queries],
+        )
+        all_nodes = np.concatenate([np.asarray(q[0]) for q in queries])
+        all_reps = np.concatenate([np.asarray(q[1]) for q in queries])
+        good, _, _ = optimize_columns(cols, all_nodes, all_reps)
+        offset = 0
+        for i, (n, r) in zip(fitted, queries, strict=True):
+            fns[i].model = models[i]
+            fns[i]._absorb(n, r, good[offset : offset + len(n)])
+            offset += len(n)
+        return fns
 
     def scalar(self, num_nodes: int, num_replicas: int) -> float:
         """Fast path for one allocation (the optimiser's inner loop)."""

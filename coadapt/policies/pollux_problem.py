@@ -69,13 +69,13 @@ class PolluxProblem:
             ],
             dtype=np.int64,
         )
-        self.speedup_fns = [
-            SpeedupFunction(
-                job.goodput, _limits_for(job), ref_nodes=fair_n, ref_replicas=fair_k,
-                prefetch=self._compact_shapes(int(self.max_replicas[j])),
-            )
-            for j, job in enumerate(self.jobs)
-        ]
+        self.speedup_fns = SpeedupFunction.build_many(
+            [job.goodput for job in self.jobs],
+            [_limits_for(job) for job in self.jobs],
+            ref_nodes=fair_n,
+            ref_replicas=fair_k,
+            prefetch=[self._compact_shapes(int(c)) for c in self.max_replicas],
+        )
         self.min_replicas: IntArray = np.array(
             [max(job.min_replicas, 0) for job in self.jobs], dtype=np.int64
         )

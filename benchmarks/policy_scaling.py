@@ -1,0 +1,173 @@
+"""One scheduling round of ``pollux`` vs the paper's GA (``pollux-ga``) at growing scale.
+
+Snapshots mix the six applications of the Pollux traces: each job's throughput model is fitted
+(with coadapt's own fitter) on the placements it "has run" (those with at most the GPUs it
+held), its gradient statistics come from the validation trace at a random epoch, and about half
+of the jobs are already running. Same seed, same snapshots.
+
+    python benchmarks/policy_scaling.py --json out/policy_scaling.json
+
+Goals (issue 2): pollux <= 100 ms at 64 GPUs and <= 1 s at 2048 GPUs on 2 cores, fitness >=
+pollux-ga's wherever both ran. The GA is skipped above ``--ga-max-gpus`` (minutes per round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from coadapt.goodput import (
+    BatchLimits,
+    GoodputModel,
+    GradParams,
+    Observations,
+    PerfParams,
+    fit_perf_params,
+)
+from coadapt.policies import Allocation, ClusterSnapshot, JobInfo, NodeInfo, make_policy
+
+SIZES = [(64, 32), (64, 160), (256, 128), (1024, 512), (2048, 1024)]
+APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+
+
+@dataclass(frozen=True)
+class AppTrace:
+    name: str
+    rows: list[tuple[int, int, int, float, float]]  # nodes, replicas, local_bsz, step, sync
+    grad: list[tuple[float, float]]  # (sqr, var) per epoch at M0
+    m0: int
+    max_batch: int
+    min_local: int
+    max_local: int
+
+
+def load_app(name: str) -> AppTrace:
+    root = resources.files("coadapt.sim") / "data" / "traces" / name
+    rows = []
+    with (root / "placements.csv").open() as f:
+        for rec in csv.DictReader(f):
+            digits = [int(c) for c in rec["placement"]]
+            rows.append((len(digits), sum(digits), int(rec["local_bsz"]),
+                         float(rec["step_time"]), float(rec["sync_time"])))
+    sizes = sorted(int(p.name.split("-")[1].split(".")[0])
+                   for p in root.iterdir() if p.name.startswith("validation-"))
+    grad = []
+    with (root / f"validation-{sizes[0]}.csv").open() as f:
+        for rec in csv.DictReader(f):
+            grad.append((float(rec["grad_sqr"]), float(rec["grad_var"])))
+    bsz = [r[2] for r in rows]
+    return AppTrace(name, rows, grad, sizes[0], sizes[-1], min(bsz), max(bsz))
+
+
+def fitted_model(app: AppTrace, held: int, rng: np.random.Generator) -> GoodputModel:
+    seen = [r for r in app.rows if r[1] <= max(held, 1)]
+    pick = rng.choice(len(seen), size=min(len(seen), 12), replace=False)
+    n, k, m, step, sync = (np.array([seen[i][c] for i in pick], dtype=float) for c in range(5))
+    perf: PerfParams = fit_perf_params(
+        Observations.build(n, k, m, step, grad_time=np.maximum(step - sync, 1e-6))
+    )
+    sqr, var = app.grad[int(rng.integers(len(app.grad)))]
+    return GoodputModel(perf, GradParams(sqr, var), app.m0)
+
+
+def make_snapshot(gpus: int, jobs: int, seed: int, apps: dict[str, AppTrace]) -> ClusterSnapshot:
+    rng = np.random.default_rng(seed)
+    nodes = tuple(NodeInfo(f"node-{i}", 4) for i in range(gpus // 4))
+    free = np.full(len(nodes), 4)
+    infos: dict[str, JobInfo] = {}
+    current: dict[str, Allocation] = {}
+    now = 50_000.0
+    for j in range(jobs):
+        app = apps[APPS[int(rng.integers(len(APPS)))]]
+        held = int(rng.choice([0, 1, 2, 4, 8, 16]))
+        model = fitted_model(app, held, rng) if held else None
+        pinned = app.max_batch if app.name == "ncf" else None
+        name = f"{app.name}-{j}"
+        infos[name] = JobInfo(
+            name=name,
+            submit_time=now - float(rng.uniform(60, 40_000)),
+            num_restarts=int(rng.integers(0, 4)),
+            max_replicas=1 if app.name == "ncf" else min(64, app.max_batch // app.min_local),
+            max_gpus_held=held,
+            goodput=model,
+            limits=BatchLimits(app.m0, app.max_batch, app.min_local, app.max_local,
+                               pinned_batch=pinned),
+        )
+        if held and rng.random() < 0.5 and free.sum() >= held:
+            alloc = np.zeros(len(nodes), dtype=np.int64)
+            for n in np.argsort(-free, kind="stable"):
+                take = min(int(free[n]), held - int(alloc.sum()))
+                alloc[n] = take
+                if alloc.sum() == held:
+                    break
+            if np.count_nonzero(alloc) == 1 or all(free[alloc > 0] == 4):
+                free -= alloc
+                current[name] = tuple(int(x) for x in alloc)
+    return ClusterSnapshot(now=now, nodes=nodes, jobs=infos, current=current)
+
+
+def run_policy(name: str, snap: ClusterSnapshot, repeats: int) -> tuple[float, float]:
+    times = []
+    fitness = float("nan")
+    for _ in range(repeats):
+        policy = make_policy(name)
+        start = time.perf_counter()
+        policy.optimize(snap, np.random.default_rng(0))
+        times.append((time.perf_counter() - start) * 1000)
+        fitness = float(getattr(policy, "last_fitness", float("nan")))
+    return statistics.median(times), fitness
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per pollux timing")
+    parser.add_argument("--ga-max-gpus", type=int, default=256)
+    parser.add_argument("--sizes", type=str, default=None, help="e.g. 64x32,256x128")
+    args = parser.parse_args(argv)
+    sizes = SIZES
+    if args.sizes:
+        sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]  # type: ignore[misc]
+    console = Console(stderr=True)
+    apps = {name: load_app(name) for name in APPS}
+    results = []
+    table = Table(title="One scheduling round (median ms; FITNESS_p, p = -1)")
+    for col in ("GPUs", "jobs", "policy", "latency ms", "fitness", "vs GA"):
+        table.add_column(col, justify="right")
+    for gpus, jobs in sizes:
+        snap = make_snapshot(gpus, jobs, args.seed + gpus + jobs, apps)
+        console.log(f"{gpus} GPUs / {jobs} jobs: pollux")
+        ms, fit = run_policy("pollux", snap, args.repeats)
+        results.append({"gpus": gpus, "jobs": jobs, "policy": "pollux", "latency_ms": ms,
+                        "fitness": fit})
+        ga_fit = None
+        if gpus <= args.ga_max_gpus:
+            console.log(f"{gpus} GPUs / {jobs} jobs: pollux-ga (100 x 100)")
+            ga_ms, ga_fit = run_policy("pollux-ga", snap, 1)
+            results.append({"gpus": gpus, "jobs": jobs, "policy": "pollux-ga",
+                            "latency_ms": ga_ms, "fitness": ga_fit})
+        ratio = f"{fit / ga_fit:.3f}x" if ga_fit else "GA skipped"
+        table.add_row(str(gpus), str(jobs), "pollux", f"{ms:.1f}", f"{fit:.4f}", ratio)
+        if ga_fit is not None:
+            table.add_row(str(gpus), str(jobs), "pollux-ga", f"{results[-1]['latency_ms']:.0f}",
+                          f"{ga_fit:.4f}", "")
+    Console().print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Fitting θ_sys: recovery from noiseless observations, optimistic priors, input errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coadapt.goodput import (
+    FitError,
+    Observations,
+    PerfParams,
+    exploration_cap,
+    fit_perf_params,
+    grad_time,
+    iter_time,
+)
+from coadapt.goodput.fit import _objective
+
+TRUE = PerfParams(0.02, 0.001, 0.05, 0.005, 0.2, 0.02, 2.0)
+CONFIGS = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 4), (2, 8), (4, 16)]
+
+
+def _observations(params: PerfParams, configs: list[tuple[int, int]]) -> Observations:
+    rows = [(n, r, m) for n, r in configs for m in (16, 64, 128)]
+    n, r, m = (np.array(col, dtype=float) for col in zip(*rows))
+    s = np.zeros_like(n)
+    return Observations.build(n, r, m, iter_time(params, n, r, m, s), s, grad_time(params, m))
+
+
+def test_fit_recovers_known_parameters_from_noiseless_data() -> None:
+    fitted = fit_perf_params(_observations(TRUE, CONFIGS), regularization=0.0)
+    np.testing.assert_allclose(fitted.as_array(), TRUE.as_array(), rtol=2e-2)
+
+
+def test_regularised_fit_still_predicts_well() -> None:
+    obs = _observations(TRUE, CONFIGS)
+    fitted = fit_perf_params(obs)
+    pred = iter_time(fitted, obs.num_nodes, obs.num_replicas, obs.local_bsz, obs.accum_steps)
+    np.testing.assert_allclose(pred, obs.iter_time, rtol=0.08)
+
+
+def test_analytic_gradient_matches_finite_differences() -> None:
+    obs = _observations(TRUE, CONFIGS)
+    x = np.array([0.03, 0.002, 0.04, 0.004, 0.1, 0.01, 1.7])
+    _, grad = _objective(x, obs)
+    num = np.zeros(7)
+    for i in range(7):
+        e = np.zeros(7)
+        e[i] = 1e-7
+        num[i] = (_objective(x + e, obs)[0] - _objective(x - e, obs)[0]) / 2e-7
+    np.testing.assert_allclose(grad, num, rtol=1e-4, atol=1e-6)
+
+
+def test_single_gpu_observations_keep_sync_optimistic() -> None:
+    fitted = fit_perf_params(_observations(TRUE, [(1, 1)]))
+    # No evidence of synchronisation yet: it must look (almost) free, so the scheduler tries.
+    assert fitted.alpha_local < 1e-6 and fitted.alpha_node < 1e-6
+    assert fitted.alpha_node >= fitted.alpha_local
+
+
+def test_without_multi_node_data_cross_node_is_at_least_local() -> None:
+    fitted = fit_perf_params(_observations(TRUE, [(1, 1), (1, 2), (1, 4)]))
+    assert fitted.alpha_node >= fitted.alpha_local
+    assert fitted.beta_node >= fitted.beta_local
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_nodes": [], "num_replicas": [], "local_bsz": [], "iter_time": []}, "no observ"),
+        ({"num_nodes": [1], "num_replicas": [1], "local_bsz": [8], "iter_time": [0.0]},
+         "iter_time"),
+        ({"num_nodes": [2], "num_replicas": [1], "local_bsz": [8], "iter_time": [1.0]},
+         "num_nodes"),
+        ({"num_nodes": [1, 1], "num_replicas": [1], "local_bsz": [8], "iter_time": [1.0]},
+         "length"),
+    ],
+)
+def test_bad_observations_are_rejected(kwargs: dict[str, list[float]], message: str) -> None:
+    with pytest.raises(FitError, match=message):
+        Observations.build(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("held", "maximum", "expected"), [(0, 64, 1), (1, 64, 2), (4, 64, 8), (40, 64, 64), (3, 4, 4)]
+)
+def test_exploration_cap_is_twice_the_most_held(held: int, maximum: int, expected: int) -> None:
+    assert exploration_cap(held, maximum) == expected

@@ -1,0 +1,87 @@
+"""Pollux-specific behaviour: fitness versus the GA, fairness at p = -1, re-allocation cost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
+from coadapt.policies import ClusterSnapshot, JobInfo, NodeInfo
+from coadapt.policies.pollux import PolluxPolicy
+from coadapt.policies.pollux_ga import PolluxGAPolicy
+from coadapt.policies.pollux_problem import PolluxProblem
+from tests.policies.builders import random_snapshot
+
+SCALABLE = GoodputModel(PerfParams(0.1, 0.001, 0.01, 0.0, 0.02, 0.0, 1.0), GradParams(1, 500), 32)
+LIMITS = BatchLimits(32, 8192, 8, 256)
+
+
+def _job(name: str, **kw: object) -> JobInfo:
+    base = dict(submit_time=0.0, goodput=SCALABLE, limits=LIMITS, max_gpus_held=16)
+    base.update(kw)
+    return JobInfo(name=name, **base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("gpus", "jobs", "seed"), [(16, 6, 1), (32, 12, 2), (32, 40, 3)])
+def test_fitness_at_least_the_genetic_algorithm(gpus: int, jobs: int, seed: int) -> None:
+    snap = random_snapshot(seed, gpus // 4, jobs)
+    fast = PolluxPolicy()
+    ga = PolluxGAPolicy(population=40, generations=40)
+    fast.optimize(snap, np.random.default_rng(0))
+    ga.optimize(snap, np.random.default_rng(0))
+    assert fast.last_fitness is not None and ga.last_fitness is not None
+    assert fast.last_fitness >= ga.last_fitness - 1e-9
+
+
+def test_reported_fitness_is_the_problem_fitness_of_the_decision() -> None:
+    snap = random_snapshot(5, 4, 8)
+    policy = PolluxPolicy()
+    allocs = policy.optimize(snap, np.random.default_rng(0))
+    problem = PolluxProblem(snap)
+    state = np.array([allocs.get(n, (0,) * 4) for n in problem.names])
+    assert policy.last_fitness == pytest.approx(float(problem.fitness(state[None])[0]))
+
+
+def test_fair_p_gives_every_job_a_gpu_before_anyone_gets_two() -> None:
+    nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
+    jobs = {f"j{i}": _job(f"j{i}") for i in range(8)}
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
+    allocs = PolluxPolicy(p=-1).optimize(snap, np.random.default_rng(0))
+    assert sorted(sum(a) for a in allocs.values()) == [1] * 8
+
+
+def test_single_job_takes_the_cluster_when_it_scales() -> None:
+    nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": _job("j")})
+    allocs = PolluxPolicy().optimize(snap, np.random.default_rng(0))
+    assert sum(allocs["j"]) == 8
+
+
+def test_exploration_cap_limits_a_new_job() -> None:
+    nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": _job("j", max_gpus_held=2)})
+    allocs = PolluxPolicy().optimize(snap, np.random.default_rng(0))
+    assert sum(allocs["j"]) == 4
+
+
+def test_restart_penalty_keeps_a_young_job_in_place() -> None:
+    """A job that just started and restarted often stays put rather than grow a little."""
+    nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
+    jobs = {
+        "old": _job("old", submit_time=0.0, num_restarts=0),
+        "young": _job("young", submit_time=3500.0, num_restarts=3),
+    }
+    current = {"old": (4, 0), "young": (0, 3)}
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs, current=current)
+    allocs = PolluxPolicy().optimize(snap, np.random.default_rng(0))
+    assert allocs["young"] == (0, 3)
+
+
+def test_interference_rule_two_distributed_jobs_never_share_a_node() -> None:
+    nodes = tuple(NodeInfo(f"n{i}", 4) for i in range(3))
+    jobs = {f"j{i}": _job(f"j{i}", max_gpus_held=4) for i in range(2)}
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
+    allocs = PolluxPolicy().optimize(snap, np.random.default_rng(0))
+    multi = [a for a in allocs.values() if sum(1 for x in a if x) > 1]
+    shared = np.sum([np.asarray(a) > 0 for a in multi], axis=0) if multi else np.zeros(3)
+    assert np.all(shared <= 1)
