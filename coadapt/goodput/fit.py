@@ -133,7 +133,7 @@ def _objective(
         grad[0] += np.sum(coef)
         grad[1] += np.sum(coef * obs.local_bsz[measured])
     if regularization > 0:
-        ag, bg, al, bl, an, bn, g = x
+        _ag, _bg, al, bl, an, bn, g = x
         rg, rr = regularization * _REG_GAMMA, regularization * _REG_RETRO
         value += rg * (g - 1.0) ** 2 + rr * ((bn / an) ** 2 + (bl / al) ** 2)
         grad[6] += 2.0 * rg * (g - 1.0)

@@ -119,7 +119,9 @@ def iter_time(
     return np.asarray(accum_steps, dtype=np.float64) * tg + overlapped
 
 
-def total_batch(num_replicas: ArrayLike, local_bsz: ArrayLike, accum_steps: ArrayLike) -> FloatArray:
+def total_batch(
+    num_replicas: ArrayLike, local_bsz: ArrayLike, accum_steps: ArrayLike
+) -> FloatArray:
     """M = K * m * (s + 1)."""
     return (
         np.asarray(num_replicas, dtype=np.float64)

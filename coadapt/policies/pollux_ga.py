@@ -104,7 +104,7 @@ class PolluxGAPolicy:
     @staticmethod
     def _mutate(problem: PolluxProblem, states: IntArray, rng: np.random.Generator) -> IntArray:
         states = states.copy()
-        size, jobs, nodes = states.shape
+        size, jobs, _nodes = states.shape
         # (1) reset some jobs to their current allocation
         reset = rng.random((size, jobs)) < 0.1
         states = np.where(reset[:, :, None], problem.base[None], states)

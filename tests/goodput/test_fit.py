@@ -22,7 +22,7 @@ CONFIGS = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 4), (2, 8), (4, 16)]
 
 def _observations(params: PerfParams, configs: list[tuple[int, int]]) -> Observations:
     rows = [(n, r, m) for n, r in configs for m in (16, 64, 128)]
-    n, r, m = (np.array(col, dtype=float) for col in zip(*rows))
+    n, r, m = (np.array(col, dtype=float) for col in zip(*rows, strict=False))
     s = np.zeros_like(n)
     return Observations.build(n, r, m, iter_time(params, n, r, m, s), s, grad_time(params, m))
 

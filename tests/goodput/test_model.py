@@ -139,7 +139,8 @@ def test_optimize_is_vectorised_like_scalar_calls() -> None:
     lim = BatchLimits(32, 2048, 4, 64)
     nodes, reps = np.array([1, 1, 2, 4]), np.array([1, 4, 8, 16])
     vec = model.optimize(nodes, reps, lim).goodput
-    one = [float(model.optimize(int(n), int(r), lim).goodput) for n, r in zip(nodes, reps)]
+    one = [float(model.optimize(int(n), int(r), lim).goodput)
+           for n, r in zip(nodes, reps, strict=True)]
     np.testing.assert_allclose(vec, one)
 
 

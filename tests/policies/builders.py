@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
@@ -22,6 +24,11 @@ def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:
     model = GoodputModel(perf, GradParams(1.0, float(rng.uniform(0.5, 50.0))), m0)
     limits = BatchLimits(m0, m0 * int(rng.choice([4, 16, 32])), 8, 256)
     return model, limits
+
+
+def _step_time(work: float) -> Callable[[int], float]:
+    """Seconds per iteration on k GPUs: the work splits, the all-reduce grows with k."""
+    return lambda k: work / k + 0.02 * k
 
 
 def random_snapshot(
@@ -55,7 +62,7 @@ def random_snapshot(
             goodput=model if fitted else None,
             limits=limits,
             requested_replicas=requested,
-            step_time=lambda k, a=float(rng.uniform(0.1, 1.0)): a / k + 0.02 * k,
+            step_time=_step_time(float(rng.uniform(0.1, 1.0))),
             remaining_iterations=float(rng.uniform(100, 10_000)),
         )
         if fitted and held and rng.random() < running_fraction:
