@@ -1,0 +1,265 @@
+"""The process-wide training context: who am I, where do checkpoints go, am I asked to stop.
+
+``init()`` reads the torchrun-compatible environment (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT) plus coadapt's own variables, joins the process group when there is
+more than one replica (gloo on CPU, NCCL with CUDA), loads the latest checkpoint, and turns
+SIGTERM into a "checkpoint at the next step boundary and exit 0" request, which is how the
+scheduler rescales a job. With no environment at all it is a plain single process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from coadapt.train.checkpoint import load_checkpoint, save_checkpoint
+from coadapt.train.metrics import MetricsSink
+
+
+class TrainConfigError(ValueError):
+    """The environment or the arguments describe an impossible training setup."""
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _env_int(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise TrainConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class TrainEnv:
+    """Everything a replica learns from its environment."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    job_id: str = ""
+    num_nodes: int = 1
+    checkpoint_dir: Path | None = None
+    metrics_url: str | None = None
+    metrics_file: Path | None = None
+    restarts: int = 0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> TrainEnv:
+        env = dict(os.environ if environ is None else environ)
+        world = _env_int(env, "WORLD_SIZE", 1)
+        rank = _env_int(env, "RANK", 0)
+        if world < 1 or not 0 <= rank < world:
+            raise TrainConfigError(f"need 0 <= RANK < WORLD_SIZE, got RANK={rank} "
+                                   f"WORLD_SIZE={world}")
+        nodes = _env_int(env, "COADAPT_NUM_NODES", 1)
+        if not 1 <= nodes <= world:
+            raise TrainConfigError(f"need 1 <= COADAPT_NUM_NODES <= WORLD_SIZE, got {nodes}")
+        ckpt = env.get("COADAPT_CHECKPOINT_DIR") or None
+        mfile = env.get("COADAPT_METRICS_FILE") or None
+        return cls(
+            rank=rank,
+            world_size=world,
+            local_rank=_env_int(env, "LOCAL_RANK", rank),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_env_int(env, "MASTER_PORT", 29500),
+            job_id=env.get("COADAPT_JOB_ID", ""),
+            num_nodes=nodes,
+            checkpoint_dir=Path(ckpt) if ckpt else None,
+            metrics_url=env.get("COADAPT_METRICS_URL") or None,
+            metrics_file=Path(mfile) if mfile else None,
+            restarts=_env_int(env, "COADAPT_RESTARTS", 0),
+        )
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) generator states."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class TrainingContext:
+    """The one process-wide training context (created by :func:`init`)."""
+
+    def __init__(self, env: TrainEnv, backend: str | None = None) -> None:
+        self.env = env
+        self.device = (
+            torch.device("cuda", env.local_rank) if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        self.stop_requested = False
+        self.start_time = time.time()
+        self._states: dict[str, Stateful] = {}
+        self._owns_group = False
+        if env.world_size > 1 and not dist.is_initialized():
+            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            if backend == "nccl":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                rank=env.rank, world_size=env.world_size,
+            )
+            self._owns_group = True
+        self.checkpoint: dict[str, Any] | None = (
+            load_checkpoint(env.checkpoint_dir) if env.checkpoint_dir is not None else None
+        )
+        self.metrics = self._make_sink()
+
+    def _make_sink(self) -> MetricsSink:
+        base = {"job_id": self.env.job_id, "rank": self.env.rank,
+                "restarts": self.env.restarts}
+        if self.env.rank != 0:
+            return MetricsSink(base=base)  # only rank 0 speaks for the job
+        if self.env.metrics_url:
+            return MetricsSink(url=self.env.metrics_url, base=base)
+        path = self.env.metrics_file
+        if path is None:
+            path = (self.env.checkpoint_dir / "metrics.jsonl" if self.env.checkpoint_dir
+                    else Path("coadapt-metrics.jsonl"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return MetricsSink(path=path, base=base)
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def distributed(self) -> bool:
+        return self.env.world_size > 1 and dist.is_initialized()
+
+    @property
+    def restored(self) -> bool:
+        """Whether this run resumed from a checkpoint."""
+        return self.checkpoint is not None
+
+    # -- state and checkpoints ------------------------------------------------------------
+    def register(self, name: str, obj: Stateful) -> bool:
+        """Include ``obj`` in checkpoints; load its saved state now if there is one."""
+        if name in self._states and self._states[name] is not obj:
+            raise TrainConfigError(f"a different object is already registered as {name!r}")
+        self._states[name] = obj
+        if self.checkpoint is not None and name in self.checkpoint.get("states", {}):
+            obj.load_state_dict(self.checkpoint["states"][name])
+            return True
+        return False
+
+    def restore_rng(self) -> None:
+        """Restore the RNG states saved with the checkpoint (rank 0's, on every rank)."""
+        if self.checkpoint is not None and "rng" in self.checkpoint:
+            set_rng_state(self.checkpoint["rng"])
+
+    def save(self) -> Path | None:
+        """Checkpoint every registered object (rank 0 writes; all ranks then agree)."""
+        path: Path | None = None
+        if self.env.checkpoint_dir is not None and self.rank == 0:
+            payload = {
+                "states": {k: v.state_dict() for k, v in self._states.items()},
+                "rng": rng_state(),
+                "world_size": self.world_size,
+                "saved_at": time.time(),
+            }
+            path = save_checkpoint(self.env.checkpoint_dir, payload)
+        if self.distributed:
+            dist.barrier()
+        return path
+
+    # -- stopping -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask for a checkpoint at the next step boundary followed by exit 0."""
+        self.stop_requested = True
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+
+    def install_signal_handlers(self) -> None:
+        # Outside the main thread this fails: the caller must request_stop() itself.
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def exit_for_rescale(self) -> None:
+        """Checkpoint, report, leave the process group and exit with status 0."""
+        path = self.save()
+        self.metrics.emit("stopped", checkpoint=str(path) if path else None)
+        self.shutdown()
+        sys.exit(0)
+
+    def report(self, name: str, value: float, step: int | None = None) -> None:
+        self.metrics.emit("metric", name=name, value=float(value), step=step)
+
+    def shutdown(self) -> None:
+        self.metrics.close()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+
+_CONTEXT: TrainingContext | None = None
+
+
+def init(backend: str | None = None, environ: dict[str, str] | None = None) -> TrainingContext:
+    """Create (once) and return the process-wide training context."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        env = TrainEnv.from_env(environ)
+        if not env.job_id:
+            env = TrainEnv(**{**env.__dict__, "job_id": f"local-{uuid.uuid4().hex[:8]}"})
+        _CONTEXT = TrainingContext(env, backend)
+        _CONTEXT.install_signal_handlers()
+    return _CONTEXT
+
+
+def current() -> TrainingContext:
+    """The context created by :func:`init` (created on first use with the default env)."""
+    return _CONTEXT if _CONTEXT is not None else init()
+
+
+def shutdown() -> None:
+    """Tear the context down (tests and scripts that run several trainings in one process)."""
+    global _CONTEXT
+    if _CONTEXT is not None:
+        _CONTEXT.shutdown()
+        _CONTEXT = None
+
+
+def report(name: str, value: float, step: int | None = None) -> None:
+    """Report a user metric (loss, accuracy, ...) on the job's metrics channel."""
+    current().report(name, value, step)

@@ -1,0 +1,430 @@
+"""AdaptiveModel: DDP plus gradient-noise measurement, LR scaling, profiling and re-tuning.
+
+One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does inside a job:
+
+* backward with the loss scaled for ``s`` accumulation steps (DDP's all-reduce only on the
+  sync micro-batch);
+* measures the gradient noise without extra backward passes (see :mod:`coadapt.train.gns`):
+  with K > 1 replicas a DDP comm hook takes each bucket's local squared norm *before* the
+  all-reduce and the global one after; the sum of local norms and the stop flag ride along as
+  two extra elements of the last bucket, so there is no extra collective. With K = 1 it uses
+  the first micro-batch vs the accumulated gradient, or (no accumulation) two consecutive
+  steps every ``measure_every`` steps;
+* scales the LR by the rule (AdaScale for SGD, sqrt for adaptive optimisers) for the
+  optimizer step only, so any user LR scheduler composes with it;
+* records (nodes, K, m, s, T_iter, T_grad) and every ``retune_every`` steps and at epoch
+  boundaries fits θ_sys and picks (m, s) by eq. 14, adopting it only when ``should_adopt``;
+* on SIGTERM, checkpoints at this step boundary and exits 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from coadapt.goodput import (
+    BatchLimits,
+    FitError,
+    GoodputModel,
+    GradParams,
+    LRRule,
+    fit_perf_params,
+    lr_factor,
+    should_adopt,
+)
+from coadapt.train.context import TrainConfigError
+from coadapt.train.data import AdaptiveDataLoader
+from coadapt.train.gns import GradNoiseEMA, estimate, sq_norm
+from coadapt.train.profile import Profile
+
+_ADAPTIVE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
+             torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adadelta)
+_PRECONDITIONED = (torch.optim.Adam, torch.optim.AdamW)
+_WARMUP_STEPS = 3  # steps after a start or batch change that are not profiled
+_MIN_MEASUREMENTS = 8  # noise measurements before the batch size may change
+
+
+def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
+    """AdaScale for SGD-like optimizers, square root for adaptive ones (seed 000 §3.1)."""
+    return LRRule.SQRT if isinstance(optimizer, _ADAPTIVE) else LRRule.ADASCALE
+
+
+class AdaptiveModel:
+    """Wraps a module for elastic, goodput-adaptive data-parallel training."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: AdaptiveDataLoader,
+        *,
+        scheduler: Any | None = None,
+        lr_rule: LRRule | str | Callable[[int, int], float] | None = None,
+        adapt: bool = True,
+        retune_every: int = 50,
+        measure_every: int = 4,
+        grad_smoothing: float = 0.9,
+        report_every: int = 20,
+        name: str = "model",
+        ddp_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if retune_every < 1 or measure_every < 2 or report_every < 1:
+            raise TrainConfigError("need retune_every >= 1, measure_every >= 2, "
+                                   "report_every >= 1")
+        self.ctx = loader.ctx
+        self.loader = loader
+        self.module = module.to(self.ctx.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.lr_rule: LRRule | str | Callable[[int, int], float] = (
+            lr_rule if lr_rule is not None else default_lr_rule(optimizer))
+        lr_factor(self.lr_rule, 1, 1)  # validate the rule now, not at the first batch change
+        self.adapt = adapt
+        self.retune_every = retune_every
+        self.measure_every = measure_every
+        self.report_every = report_every
+        self.gns = GradNoiseEMA(grad_smoothing)
+        self.profile = Profile()
+        self.steps = 0
+        self.lr_scale = 1.0
+        self.last_loss = float("nan")
+        self._precondition = isinstance(optimizer, _PRECONDITIONED)
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
+        self._replicas = self.ctx.world_size
+        self._piece_sqr: float | None = None
+        self._prev_grads: list[torch.Tensor] | None = None
+        self._local_parts: list[torch.Tensor] = []
+        self._global_parts: list[torch.Tensor] = []
+        self._extra: torch.Tensor | None = None
+        self._bucket_pinv: dict[int, torch.Tensor | None] = {}
+        self._warmup = _WARMUP_STEPS
+        self._stop_pending = False
+        self._stepped = False
+        self._last_epoch = loader.epoch
+        self._saved_replicas = self._replicas
+        restored = self.ctx.register(name, self)
+        self._force_retune = restored and self._saved_replicas != self._replicas
+        self.ddp: DistributedDataParallel | None = None
+        if self.ctx.distributed:
+            ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.module, device_ids=ids,
+                                               **(ddp_kwargs or {}))
+            # A lambda: DDP checks annotations and ours are strings (postponed evaluation).
+            self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
+        self._update_lr_scale()
+        self.ctx.restore_rng()
+
+    # -- forward --------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._stop_pending:
+            self.ctx.exit_for_rescale()
+        if self.ddp is not None:
+            # DDP all-reduces only on the last micro-batch of an optimizer step.
+            self.ddp.require_backward_grad_sync = self.loader.is_sync_step
+            return self.ddp(*args, **kwargs)
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> AdaptiveModel:
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> AdaptiveModel:
+        self.module.eval()
+        return self
+
+    @property
+    def pgns(self) -> float:
+        """Smoothed pre-conditioned gradient noise scale φ (samples)."""
+        return self.gns.pgns()
+
+    @property
+    def grad_params(self) -> GradParams | None:
+        return self.gns.grad_params(self.loader.init_batch_size)
+
+    # -- pre-conditioning -----------------------------------------------------------------
+    def _pinv(self, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Adam's sqrt(v̂) + ε per parameter (None before the first step: P = I)."""
+        if not self._precondition:
+            return None
+        vs, bcs, eps = [], [], 1e-8
+        for p in params:
+            st = self.optimizer.state.get(p)
+            if not st or "exp_avg_sq" not in st:
+                return None
+            vs.append(st["exp_avg_sq"])
+            step = float(st["step"]) if "step" in st else 1.0
+            bcs.append(1.0 - self.optimizer.param_groups[0]["betas"][1] ** max(step, 1.0))
+            eps = float(self.optimizer.param_groups[0]["eps"])
+        out = list(torch._foreach_div(vs, bcs))
+        torch._foreach_sqrt_(out)
+        torch._foreach_add_(out, eps)
+        return out
+
+    def _grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        params: list[torch.Tensor] = [p for p in self._params if p.grad is not None]
+        return [p.grad for p in params if p.grad is not None], params
+
+    # -- DDP comm hook (K > 1) ------------------------------------------------------------
+    def _comm_hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[
+            torch.Tensor]:
+        buf = bucket.buffer()
+        pinv: torch.Tensor | None = None
+        if self._precondition:
+            parts = self._pinv(list(bucket.parameters()))
+            if parts is not None:
+                flat = torch.cat([t.reshape(-1) for t in parts])
+                pinv = flat if flat.numel() == buf.numel() else None
+        self._local_parts.append(_flat_sq(buf, pinv))
+        world = self._replicas
+        if bucket.is_last():
+            extra = torch.stack([torch.stack(self._local_parts).sum(),
+                                 torch.tensor(1.0 if self.ctx.stop_requested else 0.0)])
+            self._local_parts = []
+            n = buf.numel()
+            send = torch.cat([buf, extra.to(buf.dtype).to(buf.device)]).div_(world)
+            fut = dist.all_reduce(send, async_op=True).get_future()
+
+            def done_last(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+                out = f.value()[0]
+                buf.copy_(out[:n])
+                self._extra = out[n:].detach().to("cpu", torch.float64)
+                self._global_parts.append(_flat_sq(buf, pinv))
+                return buf
+
+            return fut.then(done_last)
+        buf.div_(world)
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+
+        def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            out = f.value()[0]
+            self._global_parts.append(_flat_sq(out, pinv))
+            return out
+
+        return fut.then(done)
+
+    # -- the training step ----------------------------------------------------------------
+    def step(self, loss: torch.Tensor) -> bool:
+        """Backward one micro-batch; on the sync micro-batch also step the optimizer.
+
+        Returns True when an optimizer step happened. May not return at all: after SIGTERM
+        it checkpoints and exits with status 0 at this step boundary (in the next forward).
+        """
+        loader = self.loader
+        s = loader.accum_steps
+        sync = loader.is_sync_step
+        (loss / (s + 1) if s > 0 else loss).backward()
+        if not sync:
+            if loader.micro_index == 0 and self.ddp is None:
+                grads, params = self._grads()
+                self._piece_sqr = float(sq_norm(grads, self._pinv(params))) * (s + 1) ** 2
+            if self._warmup <= 0:
+                self.profile.record_grad(self._key(), time.perf_counter() - loader.fetch_start)
+            return False
+        stop = self.ctx.stop_requested
+        if self.ddp is not None:
+            stop = self._measure_distributed()
+        else:
+            self._measure_single()
+        self._optimizer_step()
+        loader.commit_step()
+        self.steps += 1
+        now = time.perf_counter()
+        if self._warmup > 0:
+            self._warmup -= 1
+        else:
+            self.profile.record_iter(self._key(), now - loader.step_start)
+            if s == 0 and self._replicas == 1:
+                self.profile.record_grad(self._key(), now - loader.step_start)
+        if not self._stepped:  # restart latency: the controller times a rescale by this
+            self._stepped = True
+            self.ctx.metrics.emit("first_step", step=self.steps, replicas=self._replicas,
+                                  batch_size=loader.batch_size)
+        if self.steps % self.report_every == 0:
+            self.last_loss = float(loss.detach())
+            self._emit_progress()
+        if stop:
+            # Exit at the next forward, so the caller still sees (and logs) this step and the
+            # checkpoint holds exactly the state after it, RNG included.
+            self._stop_pending = True
+        if self._force_retune or self.steps % self.retune_every == 0 or (
+                loader.epoch != self._last_epoch):
+            self._last_epoch = loader.epoch
+            self._force_retune = False
+            self.retune()
+        return True
+
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.ctx.env.num_nodes, self._replicas, self.loader.step_local_bsz,
+                self.loader.accum_steps)
+
+    def _measure_distributed(self) -> bool:
+        extra, parts = self._extra, self._global_parts
+        self._extra, self._global_parts, self._local_parts = None, [], []
+        if extra is None or not parts:
+            return self.ctx.stop_requested
+        total = float(torch.stack(parts).sum())
+        piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
+        self.gns.update(*estimate(float(extra[0]), total, piece_bsz, self._replicas))
+        return bool(extra[1] > 0) or self.ctx.stop_requested
+
+    def _measure_single(self) -> None:
+        s = self.loader.accum_steps
+        m = self.loader.step_local_bsz
+        if s > 0:
+            if self._piece_sqr is None:
+                return
+            grads, params = self._grads()
+            total = float(sq_norm(grads, self._pinv(params)))
+            self.gns.update(*estimate(self._piece_sqr, total, m, s + 1))
+            self._piece_sqr = None
+            return
+        if self._prev_grads is not None:
+            grads, params = self._grads()
+            prev, self._prev_grads = self._prev_grads, None
+            if len(prev) != len(grads) or self._prev_bsz != m:
+                return
+            pinv = self._pinv(params)
+            piece = 0.5 * float(sq_norm(prev, pinv) + sq_norm(grads, pinv))
+            total = 0.25 * float(sq_norm(list(torch._foreach_add(prev, grads)), pinv))
+            self.gns.update(*estimate(piece, total, m, 2))
+        elif self.steps % self.measure_every == self.measure_every - 1:
+            grads, _ = self._grads()
+            self._prev_grads = [g.detach().clone() for g in grads]
+            self._prev_bsz = m
+
+    _prev_bsz = 0
+
+    def _optimizer_step(self) -> None:
+        factor = self.lr_scale
+        if factor != 1.0:
+            saved = [g["lr"] for g in self.optimizer.param_groups]
+            for g in self.optimizer.param_groups:
+                g["lr"] = g["lr"] * factor
+            self.optimizer.step()
+            for g, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                g["lr"] = lr
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- learning rate and batch size -----------------------------------------------------
+    def _update_lr_scale(self) -> None:
+        self.lr_scale = lr_factor(self.lr_rule, self.loader.init_batch_size,
+                                  self.loader.batch_size, self.grad_params)
+
+    def goodput_model(self) -> GoodputModel | None:
+        """The job's current goodput model (None until it has a profile and noise stats)."""
+        obs = self.profile.observations()
+        grad = self.grad_params
+        if obs is None:
+            return None
+        if grad is None:
+            if self.loader.max_batch_size > self.loader.init_batch_size and (
+                    self.loader.pinned_batch_size is None):
+                return None  # cannot judge a batch change without noise statistics
+            grad = GradParams(sqr=1.0, var=0.0)
+        try:
+            perf = fit_perf_params(obs)
+        except FitError:
+            return None
+        return GoodputModel(perf, grad, self.loader.init_batch_size)
+
+    def _choose(self) -> tuple[int, int]:
+        """Rank 0's choice of (m, s) by eq. 14, kept unless the gain is worth a change."""
+        loader = self.loader
+        cur = (loader.local_bsz, loader.accum_steps)
+        model = self.goodput_model()
+        if model is None:
+            return cur
+        nodes, k = self.ctx.env.num_nodes, self._replicas
+        if loader.pinned_batch_size is None and self.gns.count < _MIN_MEASUREMENTS:
+            return cur  # the first noise estimates are too noisy to bet the batch on
+        # Trust region: grow M at most 2x per re-tune. The model extrapolates poorly past
+        # what was profiled (the same reason Pollux caps a job at 2x its GPUs).
+        cap = max(2 * loader.batch_size, loader.init_batch_size)
+        limits = BatchLimits(
+            init_batch_size=loader.init_batch_size,
+            max_batch_size=max(min(loader.max_batch_size, cap), loader.init_batch_size),
+            min_local_bsz=loader.min_local_bsz, max_local_bsz=loader.max_local_bsz,
+            pinned_batch=loader.pinned_batch_size,
+        )
+        choice = model.optimize(nodes, k, limits)
+        new_good = float(choice.goodput)
+        cur_good = float(model.goodput(nodes, k, cur[0], cur[1]))
+        new = (int(choice.local_bsz), int(choice.accum_steps))
+        self.ctx.metrics.emit(
+            "goodput", step=self.steps, pgns=self.pgns, perf=model.perf.__dict__,
+            grad=model.grad.__dict__, profile=self.profile.table(), current=list(cur),
+            current_goodput=cur_good, best=list(new), best_goodput=new_good,
+        )
+        if new != cur and math.isfinite(new_good) and should_adopt(cur_good, new_good):
+            return new
+        return cur
+
+    def retune(self) -> None:
+        """Re-fit the goodput model and maybe adopt a new (m, s) (all ranks must call)."""
+        loader = self.loader
+        fixed = (loader.pinned_batch_size is None
+                 and loader.max_batch_size <= loader.init_batch_size)
+        if not self.adapt or fixed:
+            self._update_lr_scale()
+            return
+        choice = self._choose() if self.ctx.rank == 0 else (0, 0)
+        if self.ddp is not None:
+            t = torch.tensor(choice, dtype=torch.int64, device=_comm_device(self))
+            dist.broadcast(t, src=0)
+            choice = (int(t[0]), int(t[1]))
+        if choice != (loader.local_bsz, loader.accum_steps):
+            loader.set_batch(*choice)
+            self._warmup = _WARMUP_STEPS
+            self._piece_sqr, self._prev_grads = None, None
+            self.ctx.metrics.emit("batch", step=self.steps, local_bsz=choice[0],
+                                  accum_steps=choice[1], batch_size=loader.batch_size)
+        self._update_lr_scale()
+
+    def _emit_progress(self) -> None:
+        self.ctx.metrics.emit(
+            "progress", step=self.steps, epoch=self.loader.epoch,
+            position=self.loader.position, batch_size=self.loader.batch_size,
+            local_bsz=self.loader.local_bsz, accum_steps=self.loader.accum_steps,
+            replicas=self._replicas, lr_scale=self.lr_scale, pgns=self.pgns,
+            loss=self.last_loss,
+        )
+
+    # -- checkpoint -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "module": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "gns": self.gns.state_dict(),
+            "profile": self.profile.state_dict(),
+            "steps": self.steps,
+            "replicas": self._replicas,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.gns.load_state_dict(state["gns"])
+        self.profile.load_state_dict(state["profile"])
+        self.steps = int(state["steps"])
+        self._saved_replicas = int(state["replicas"])
+
+
+def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:
+    x = buf if pinv is None else buf / pinv
+    return torch.dot(x, x)
+
+
+def _comm_device(model: AdaptiveModel) -> torch.device:
+    return model.ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -1,0 +1,156 @@
+"""AdaptiveModel in one process: PGNS on a problem with known noise, LR rules, checkpoints."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from coadapt.goodput import GradParams, LRRule
+from coadapt.train import (
+    AdaptiveDataLoader,
+    AdaptiveModel,
+    CheckpointError,
+    GradNoiseEMA,
+    estimate,
+    load_checkpoint,
+    save_checkpoint,
+)
+from coadapt.train.context import TrainingContext
+
+
+def linear_problem(d: int = 10, n: int = 40000, sigma2: float = 1.0,
+                   seed: int = 0) -> tuple[TensorDataset, nn.Linear, float]:
+    """y = x·w* + ε, x ~ N(0, I), ε ~ N(0, σ²); the model sits at w = w* + δ, |δ| = 1.
+
+    Per-sample gradient of (x·w − y)² is 2x(x·δ − ε): |G|² = 4|δ|² and
+    tr Σ = 4((d + 1)|δ|² + dσ²), so φ = (d + 1) + dσ²/|δ|² = 21 for d = 10, σ² = 1.
+    """
+    g = torch.Generator().manual_seed(seed)
+    w_star = torch.randn(d, generator=g)
+    delta = torch.randn(d, generator=g)
+    delta /= delta.norm()
+    x = torch.randn(n, d, generator=g)
+    y = x @ w_star + math.sqrt(sigma2) * torch.randn(n, generator=g)
+    lin = nn.Linear(d, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_((w_star + delta)[None])
+    return TensorDataset(x, y[:, None]), lin, (d + 1) + d * sigma2
+
+
+@pytest.mark.parametrize("accum", [3, 0])
+def test_pgns_matches_closed_form(ctx: TrainingContext, accum: int) -> None:
+    data, lin, phi = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=32 * (accum + 1), max_local_bsz=32,
+                                context=ctx)
+    assert loader.accum_steps == accum
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)  # keep w fixed: the truth is constant
+    model = AdaptiveModel(lin, opt, loader, grad_smoothing=0.99, measure_every=2)
+    for x, y in loader:
+        model.step(nn.functional.mse_loss(model(x), y))
+        if model.gns.count >= 300:
+            break
+    assert model.gns.count >= 300
+    assert abs(model.pgns - phi) / phi < 0.15
+
+
+def test_estimator_is_unbiased_on_exact_expectations() -> None:
+    g2, tr, b, n = 2.0, 30.0, 8, 4
+    sqr, trace = estimate(g2 + tr / b, g2 + tr / (n * b), b, n)
+    assert sqr == pytest.approx(g2) and trace == pytest.approx(tr)
+    ema = GradNoiseEMA(0.5)
+    ema.update(1.0, 10.0)
+    assert ema.pgns() == pytest.approx(10.0)  # bias-corrected after one update
+    with pytest.raises(ValueError):
+        estimate(1.0, 1.0, 8, 1)
+
+
+def _one_step(ctx: TrainingContext, rule: object, batch: int) -> tuple[float, torch.Tensor,
+                                                                     AdaptiveModel]:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(512, 3), torch.randn(512, 1))
+    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=512, context=ctx,
+                                shuffle=False)
+    loader.set_batch(batch, 0)
+    lin = nn.Linear(3, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    model = AdaptiveModel(lin, opt, loader, lr_rule=rule)  # type: ignore[arg-type]
+    model.gns.update(1.0, 3.0 * 32)  # sqr = 1, var at M0 = 3
+    model.retune()  # recomputes the LR factor for the current batch (no profile: keeps it)
+    before = lin.weight.detach().clone()
+    x, y = next(iter(loader))
+    loss = nn.functional.mse_loss(model(x), y)
+    grad = torch.autograd.grad(loss, lin.weight, retain_graph=True)[0]
+    model.step(loss)
+    applied = (before - lin.weight.detach()) / grad
+    assert opt.param_groups[0]["lr"] == 0.1  # the scaled LR is restored after the step
+    return model.lr_scale, applied, model
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    (LRRule.SQRT, 2.0),  # sqrt(128 / 32)
+    (LRRule.LINEAR, 4.0),  # 128 / 32
+    (LRRule.ADASCALE, (3 + 1) / (3 / 4 + 1)),  # (var + sqr) / (var / S + sqr), S = 4
+    (LRRule.NONE, 1.0),
+    (lambda m0, m: 1.5, 1.5),
+])
+def test_lr_rules_against_hand_computed_values(ctx: TrainingContext, rule: object,
+                                               expected: float) -> None:
+    factor, applied, _ = _one_step(ctx, rule, 128)
+    assert factor == pytest.approx(expected)
+    assert torch.allclose(applied, torch.full_like(applied, 0.1 * expected), rtol=1e-4)
+
+
+def test_default_rules() -> None:
+    from coadapt.train import default_lr_rule
+    lin = nn.Linear(2, 1)
+    assert default_lr_rule(torch.optim.SGD(lin.parameters(), lr=1)) is LRRule.ADASCALE
+    assert default_lr_rule(torch.optim.AdamW(lin.parameters())) is LRRule.SQRT
+    assert GradParams(1.0, 3.0).pgns(32) == 96.0
+
+
+def test_corrupt_checkpoint_falls_back_then_errors(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, {"v": 1})
+    save_checkpoint(tmp_path, {"v": 2})
+    assert load_checkpoint(tmp_path) == {"v": 2}
+    final = tmp_path / "checkpoint.pt"
+    final.write_bytes(final.read_bytes()[:20])  # truncated
+    with pytest.warns(RuntimeWarning, match="checkpoint.prev.pt"):
+        assert load_checkpoint(tmp_path) == {"v": 1}
+    (tmp_path / "checkpoint.prev.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt is corrupt"):
+        load_checkpoint(tmp_path)
+    assert load_checkpoint(tmp_path / "none") is None
+
+
+def test_checkpoint_roundtrip_restores_everything(tmp_path: Path, ctx: TrainingContext) -> None:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
+    loader = AdaptiveDataLoader(data, batch_size=8, context=ctx)
+    lin = nn.Linear(3, 1)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+    model = AdaptiveModel(lin, opt, loader, scheduler=sched)
+    for i, (x, y) in enumerate(loader):
+        model.step(nn.functional.mse_loss(model(x), y))
+        if i == 2:
+            break
+    sched.step()
+    ctx.save()
+    expect = torch.rand(3)
+    ctx.checkpoint = load_checkpoint(ctx.env.checkpoint_dir)  # type: ignore[arg-type]
+    ctx.restore_rng()
+    assert torch.equal(torch.rand(3), expect)  # RNG state saved before the draw
+    lin2 = nn.Linear(3, 1)
+    opt2 = torch.optim.Adam(lin2.parameters(), lr=0.01)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, 1, 0.5)
+    ctx._states.clear()
+    loader2 = AdaptiveDataLoader(data, batch_size=8, context=ctx)
+    model2 = AdaptiveModel(lin2, opt2, loader2, scheduler=sched2)
+    assert loader2.position == 24 and model2.steps == 3
+    assert torch.equal(lin2.weight, lin.weight) and opt2.param_groups[0]["lr"] == 0.005
+    assert model2.gns.count == model.gns.count
