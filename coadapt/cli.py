@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     from coadapt.train import launch
 
     launch.add_parser(sub)
+    from coadapt.controller import cli as controller_cli
+
+    controller_cli.add_parsers(sub)
     from coadapt import demo
 
     demo.add_parser(sub)

@@ -1,8 +1,10 @@
 """``coadapt demo``: the main job on embedded defaults, with nothing to set up.
 
-Until the live controller exists, the demo replays a bundled Pollux workload in the
-simulator with Pollux and the two baselines from the paper, prints their comparison, and
-draws JCT CDFs and utilisation into ``--out``.
+By default it runs the live demo (:func:`coadapt.controller.demo.run_live_demo`): a real
+controller on 127.0.0.1 with SQLite and CPU slots, real training jobs from ``examples/``
+arriving over time, a live table while Pollux re-allocates, a per-job report and a PNG
+timeline. ``--simulation`` instead replays a bundled Pollux workload in the simulator with
+pollux, tiresias and optimus.
 """
 
 from __future__ import annotations
@@ -14,19 +16,29 @@ from typing import Any
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "demo", help="replay a bundled workload with pollux, tiresias and optimus"
+        "demo", help="run real jobs on a local controller (or --simulation: replay a trace)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder")
+    parser.add_argument("--slots", type=int, default=4, help="CPU slots of the live demo")
+    parser.add_argument("--policy", default="pollux", help="scheduling policy (live demo)")
+    parser.add_argument(
+        "--simulation", action="store_true",
+        help="replay a bundled workload with pollux, tiresias and optimus instead",
     )
     parser.add_argument("--workload", default="pollux-6", help="bundled name or CSV path")
     parser.add_argument("--cluster", default="16x4", help="NODESxGPUS (default 16x4)")
-    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from coadapt.cli import main
-
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if not args.simulation:
+        from coadapt.controller.demo import run_live_demo
+
+        return run_live_demo(out, slots=args.slots, policy=args.policy)
+    from coadapt.cli import main
+
     argv = [
         "simulate", "--workload", args.workload, "--cluster", args.cluster,
         "--policy", "pollux", "--policy", "tiresias", "--policy", "optimus",

@@ -144,12 +144,16 @@ def _objective(
     return value, grad
 
 
-def fit_perf_params(obs: Observations, regularization: float = 1.0) -> PerfParams:
+def fit_perf_params(
+    obs: Observations, regularization: float = 1.0, initial: PerfParams | None = None
+) -> PerfParams:
     """Fit θ_sys to a job's observations by L-BFGS-B on the mean squared log error.
 
     ``regularization`` scales two small priors (γ near 1, small retrogression β/α) that
     keep fits on few observations optimistic and well-posed; 0 gives the plain least-squares
-    fit, which recovers θ_sys exactly from noiseless observations.
+    fit, which recovers θ_sys exactly from noiseless observations. ``initial`` (the job's
+    previous fit) warm-starts the search: a job refits after each new configuration, and one
+    new point rarely moves θ_sys far, so the warm start converges in a few iterations.
     """
     # Reference time scale of one micro-batch, for the starting point and the priors.
     measured = ~np.isnan(obs.grad_time)
@@ -181,10 +185,15 @@ def fit_perf_params(obs: Observations, regularization: float = 1.0) -> PerfParam
     if not np.any(obs.num_replicas > 2):
         fix(3, _TINY)
         fix(5, _TINY)
+    if initial is not None:
+        warm = initial.as_array()
+        usable = (lower < upper) & (warm > 10 * _TINY) & np.isfinite(warm)
+        usable[6] = lower[6] < upper[6]
+        x0 = np.where(usable, warm, x0)
     x0 = np.clip(x0, lower, upper)
     # Optimise in units of the starting point: α, β and γ then all move on a scale of ~1,
     # which L-BFGS-B converges on in a few dozen evaluations instead of hundreds.
-    unit = np.where(x0 > 0, x0, 1.0)
+    unit = np.where(x0 > _TINY, x0, np.maximum(np.abs(x0), 1.0))
     unit[6] = 1.0
 
     def scaled(u: FloatArray) -> tuple[float, FloatArray]:

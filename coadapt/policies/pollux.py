@@ -1,21 +1,25 @@
 """Pollux's scheduling policy with a fast optimiser (the default ``pollux``).
 
 The paper maximises FITNESS_p with a genetic algorithm: 100 individuals × 100 generations,
-seconds per round at 64 GPUs. FITNESS_p is a sum of per-job terms, and a job's term depends on
-its allocation only through (nodes, GPUs, changed?), so a search that moves one job at a time
-can evaluate each move exactly in O(1). We do that:
+seconds per round at 64 GPUs. FITNESS_p is a sum of per-job terms, and a job's term depends
+on its allocation only through (nodes, GPUs, changed?), so we can optimise structurally:
 
-1. **Greedy by marginal gain per GPU** (lazy priority queue): repeatedly apply the best
-   growth of one job by 1..G GPUs, where the GPUs come from its own nodes first, then from a
-   best-fit node or, for multi-node growth, from the freest nodes the interference rule allows.
-   Looking up to a node's worth of GPUs ahead gets past non-concave steps (crossing a node
-   boundary, leaving the current allocation and paying the re-allocation factor).
-2. **Local search**: move one GPU from the job that loses least to the job that gains most,
-   and put changed jobs back on their current allocation when that pays, until no move helps.
+1. **Counts.** Each job's term as a function of its GPU count (on the fewest nodes; its current
+   count scored as kept) is tabulated from one vectorised goodput evaluation per round. A lazy
+   greedy hands out GPUs by marginal gain per GPU, looking up to a node's worth ahead to get
+   past non-concave steps; then swaps of 1..G GPUs move capacity from the job that loses least
+   to the job that gains most until no swap helps.
+2. **Packing.** Jobs keeping their count keep their placement; shrinking jobs release their
+   least-used nodes; growing jobs extend on their own nodes, then onto the freest nodes the
+   interference rule allows; new jobs go best-fit.
+3. **Local search** on the real placement: hand out leftover GPUs, move single GPUs from cheap
+   donors to the jobs that gain most, and put changed jobs back where they were when that pays.
+   On small problems a second search starts from the current allocation, which catches
+   bin-packing effects the count phase cannot see.
 
-It runs from two starts — the empty cluster and the current allocation — and keeps the better
-state (by FITNESS_p itself). Policy and GA share :class:`PolluxProblem`, so their fitness values
-are directly comparable (``benchmarks/policy_scaling.py``).
+The result is never worse than keeping every allocation as it is. Policy and GA share
+:class:`PolluxProblem`, so their fitness values are directly comparable
+(``benchmarks/policy_scaling.py``).
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ class _Move:
 class _Search:
     """Mutable search state over one :class:`PolluxProblem`."""
 
-    def __init__(self, problem: PolluxProblem, state: IntArray) -> None:
+    def __init__(self, problem: PolluxProblem, state: IntArray, floor: int = 0) -> None:
         self.pb = problem
+        self.floor = floor  # donors keep at least this many GPUs (1: admission is settled)
         self.state = state.copy()
         self.free = problem.node_caps - self.state.sum(axis=0)
         self.k = self.state.sum(axis=1)
@@ -176,7 +181,7 @@ class _Search:
     def _shrink_option(self, j: int) -> tuple[float, int] | None:
         """Loss of Σ g when job j gives up one GPU, and the node it comes from."""
         k = int(self.k[j])
-        if k <= 0:
+        if k <= max(self.floor, 0):
             return None
         if 0 < k - 1 < int(self.pb.min_replicas[j]):
             return None
@@ -187,7 +192,60 @@ class _Search:
         return self.util[j] - self._row_utility(j, row), n
 
     def transfers(self, max_rounds: int) -> bool:
-        """Move single GPUs from cheap donors to needy receivers while it pays."""
+        """Move single GPUs from cheap donors to the jobs that gain most from them.
+
+        Each round takes the few donors that lose least by giving up one GPU, and for each
+        scores every job taking that GPU on that node (O(J) cheap evaluations per donor);
+        the best move that raises Σ g is applied.
+        """
+        pb = self.pb
+        improved = False
+        for _ in range(max_rounds):
+            options = []
+            for j in range(pb.num_jobs):
+                opt = self._shrink_option(j)
+                if opt is not None:
+                    options.append((opt[0], j, opt[1]))
+            if not options:
+                return improved
+            options.sort()
+            best_gain, best_move = 1e-9, (-1, -1, -1)
+            for loss, d, n in options[: min(len(options), 6)]:
+                self.state[d, n] -= 1  # tentatively: the owner map must see d's new shape
+                self._refresh(d)
+                owner_n = int(self.dist_owner[n])
+                for r in range(pb.num_jobs):
+                    k = int(self.k[r])
+                    if r == d or k >= pb.max_replicas[r]:
+                        continue
+                    if k == 0 and pb.min_replicas[r] > 1:
+                        continue
+                    if k > 0 and self.state[r, n] == 0 and pb.avoid_interference:
+                        # r spreads onto n: it becomes (or stays) distributed there.
+                        if owner_n not in (-1, r):
+                            continue
+                        own = self.dist_owner[self.state[r] > 0]
+                        if np.any((own != -1) & (own != r)):
+                            continue
+                    row = self.state[r].copy()
+                    row[n] += 1
+                    gain = self._row_utility(r, row) - self.util[r] - loss
+                    if gain > best_gain:
+                        best_gain, best_move = gain, (d, r, n)
+                self.state[d, n] += 1
+                self._refresh(d)
+            d, r, n = best_move
+            if d < 0:
+                return improved
+            self.state[d, n] -= 1
+            self._refresh(d)
+            self.state[r, n] += 1
+            self._refresh(r)
+            improved = True
+        return improved
+
+    def transfers_wide(self, max_rounds: int) -> bool:
+        """Like :meth:`transfers`, but each receiver may regrow anywhere (slower, wider)."""
         improved = False
         for _ in range(max_rounds):
             options = []
@@ -271,12 +329,41 @@ def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
     return tables
 
 
-def _choose_counts(problem: PolluxProblem, tables: list[list[float]]) -> list[int]:
-    """How many GPUs each job gets: lazy greedy on gain per GPU, then 1-GPU swaps."""
-    g = problem.gpus_per_node
+def _las_admission(problem: PolluxProblem, tables: list[list[float]]) -> list[int]:
+    """First GPUs in least-attained-service order (ties: earlier submission).
+
+    When more jobs wait than there are GPUs, FITNESS_p at p < 0 is nearly indifferent to
+    *which* jobs hold the scarce first GPUs (each idle job costs about 1/ε), so we settle that
+    choice the way that minimises mean JCT: short jobs first, as 2D-LAS does. The paper's GA
+    does the same implicitly — its repair step gives capacity to jobs in attained-service order.
+    """
+    order = sorted(
+        range(problem.num_jobs),
+        key=lambda j: (problem.jobs[j].attained_service, problem.jobs[j].submit_time, j),
+    )
     counts = [0] * problem.num_jobs
     free = problem.total_gpus
+    for j in order:
+        k = max(1, int(problem.min_replicas[j]))
+        if k <= free and k < len(tables[j]) and tables[j][k] > tables[j][0]:
+            counts[j] = k
+            free -= k
+    return counts
+
+
+def _choose_counts(
+    problem: PolluxProblem, tables: list[list[float]], admission: str = "fitness"
+) -> list[int]:
+    """How many GPUs each job gets: lazy greedy on gain per GPU, then 1-GPU swaps."""
+    g = problem.gpus_per_node
     mins = [int(x) for x in problem.min_replicas]
+    if admission == "las":
+        counts = _las_admission(problem, tables)
+        admitted = [k > 0 for k in counts]
+    else:
+        counts = [0] * problem.num_jobs
+        admitted = [True] * problem.num_jobs
+    free = problem.total_gpus - sum(counts)
 
     def best_step(j: int) -> tuple[float, int]:
         k = counts[j]
@@ -297,6 +384,8 @@ def _choose_counts(problem: PolluxProblem, tables: list[list[float]]) -> list[in
 
     heap = []
     for j in range(problem.num_jobs):
+        if not admitted[j]:
+            continue
         rate, k2 = best_step(j)
         if k2 > counts[j]:
             heap.append((-rate, j))
@@ -314,69 +403,138 @@ def _choose_counts(problem: PolluxProblem, tables: list[list[float]]) -> list[in
         rate, k3 = best_step(j)
         if k3 > counts[j]:
             heapq.heappush(heap, (-rate, j))
-    # 1-GPU swaps: move a GPU from the job that loses least to the job that gains most.
+    # Swaps of 1..G GPUs: move them from the job that loses least to the job that gains most.
+    # Moving several at once gets past non-concave steps (3 GPUs worse than 2 or 4 per GPU).
+    steps = max(1, min(g, 8))
     neg = -np.inf
-    up = np.full(problem.num_jobs, neg)
-    down = np.full(problem.num_jobs, np.inf)
+    up = np.full((steps + 1, problem.num_jobs), neg)
+    down = np.full((steps + 1, problem.num_jobs), np.inf)
+    floor = 1 if admission == "las" else 0  # LAS decided who runs; swaps only resize
 
     def refresh(j: int) -> None:
         k, row = counts[j], tables[j]
-        up[j] = row[k + 1] - row[k] if k + 1 < len(row) and (k > 0 or mins[j] <= 1) else neg
-        if k > 0 and (k - 1 == 0 or k - 1 >= mins[j]):
-            down[j] = row[k] - row[k - 1]
-        else:
-            down[j] = np.inf
+        for a in range(1, steps + 1):
+            grow = k + a < len(row) and admitted[j] and (k > 0 or k + a >= mins[j])
+            up[a, j] = row[k + a] - row[k] if grow else neg
+            rest = k - a
+            shrink = rest >= floor and (rest == 0 or rest >= mins[j]) and rest >= 0
+            down[a, j] = row[k] - row[rest] if shrink else np.inf
 
     for j in range(problem.num_jobs):
         refresh(j)
     for _ in range(4 * problem.total_gpus + problem.num_jobs):
-        r = int(np.argmax(up))
-        if free > 0 and up[r] > _TOL:
-            counts[r] += 1
-            free -= 1
-            refresh(r)
-            continue
-        d = int(np.argmin(down))
-        if d == r:
-            saved = down[d]
-            down[d] = np.inf
-            d = int(np.argmin(down))
-            down[r] = saved
-        if up[r] - down[d] <= 1e-9:
+        if free > 0:  # idle GPUs: hand them out by gain per GPU
+            best_rate, best_a, best_r = _TOL, 0, -1
+            for a in range(1, min(steps, free) + 1):
+                r = int(np.argmax(up[a]))
+                if up[a, r] / a > best_rate:
+                    best_rate, best_a, best_r = up[a, r] / a, a, r
+            if best_r >= 0:
+                counts[best_r] += best_a
+                free -= best_a
+                refresh(best_r)
+                continue
+        best_gain, move = 1e-9, (0, -1, -1)
+        for a in range(1, steps + 1):
+            r = int(np.argmax(up[a]))
+            if up[a, r] == neg:
+                continue
+            d = int(np.argmin(down[a]))
+            if d == r:
+                saved = down[a, d]
+                down[a, d] = np.inf
+                d = int(np.argmin(down[a]))
+                down[a, r] = saved
+            gain = up[a, r] - down[a, d]
+            if gain > best_gain:
+                best_gain, move = gain, (a, r, d)
+        a, r, d = move
+        if r < 0:
             break
-        counts[r] += 1
-        counts[d] -= 1
+        counts[r] += a
+        counts[d] -= a
         refresh(r)
         refresh(d)
     return counts
 
 
 def _pack(problem: PolluxProblem, counts: list[int]) -> IntArray:
-    """Place the chosen counts on nodes, keeping unchanged jobs where they are.
+    """Place the chosen counts on nodes, moving as little as possible.
 
-    Distributed jobs take the freest nodes no other distributed job uses; single-node jobs
-    go best-fit. A job that cannot be placed whole gets what still fits (the search after
-    packing repairs the rest).
+    Jobs keeping their GPU count keep their placement. Jobs that shrink give up GPUs on their
+    least-used nodes first; jobs that grow add GPUs on their own nodes first and then on the
+    freest nodes the interference rule allows (largest jobs first); new jobs go best-fit onto
+    one node when they fit on one. A job that cannot be placed whole gets what fits (at least
+    its minimum, else nothing); the search after packing repairs the rest.
     """
     state = np.zeros_like(problem.base)
     free = problem.node_caps.copy()
     owner = np.full(problem.num_nodes, -1, dtype=np.int64)
     g = problem.gpus_per_node
-    pending = []
+    avoid = problem.avoid_interference
+
+    def claim(j: int) -> None:
+        if np.count_nonzero(state[j]) > 1:
+            owner[state[j] > 0] = j
+
+    def fits_multi(j: int, n: int) -> bool:
+        return not avoid or int(owner[n]) in (-1, j)
+
+    resize: list[int] = []
+    fresh: list[int] = []
     for j, k in enumerate(counts):
         base = problem.base[j]
-        if k > 0 and k == int(base.sum()) and np.all(base <= free):
-            multi = np.count_nonzero(base) > 1
-            if not (multi and problem.avoid_interference and np.any(owner[base > 0] != -1)):
-                state[j] = base
-                free -= base
-                if multi:
-                    owner[base > 0] = j
-                continue
-        if k > 0:
-            pending.append(j)
-    pending.sort(key=lambda j: -counts[j])
-    for j in pending:
+        kb = int(base.sum())
+        if k <= 0:
+            continue
+        if kb == 0:
+            fresh.append(j)
+        elif k == kb:
+            state[j] = base
+            free -= base
+            claim(j)
+        else:
+            resize.append(j)
+    # Shrinking jobs first: they release capacity the growing ones may need.
+    resize.sort(key=lambda j: (counts[j] > int(problem.base[j].sum()), -counts[j]))
+    for j in resize:
+        row = problem.base[j].copy()
+        if np.any(row > free) or (
+            avoid and np.count_nonzero(row) > 1
+            and np.any((owner[row > 0] != -1) & (owner[row > 0] != j))
+        ):
+            fresh.append(j)  # its old place is taken: place it like a new job
+            continue
+        excess = int(row.sum()) - counts[j]
+        while excess > 0:  # shrink: empty the least-used nodes first
+            used = np.flatnonzero(row > 0)
+            n = int(used[np.argmin(row[used])])
+            take = min(int(row[n]), excess)
+            row[n] -= take
+            excess -= take
+        state[j] = row
+        free -= row
+        need = counts[j] - int(row.sum())
+        for n in np.argsort(-free, kind="stable"):  # grow: own nodes first
+            if need == 0:
+                break
+            if row[n] > 0 and free[n] > 0:
+                take = int(min(free[n], need))
+                state[j, n] += take
+                free[n] -= take
+                need -= take
+        if need > 0 and all(fits_multi(j, int(n)) for n in np.flatnonzero(state[j] > 0)):
+            for n in np.argsort(-free, kind="stable"):
+                if need == 0:
+                    break
+                if state[j, n] == 0 and free[n] > 0 and fits_multi(j, int(n)):
+                    take = int(min(free[n], need))
+                    state[j, n] = take
+                    free[n] -= take
+                    need -= take
+        claim(j)
+    fresh.sort(key=lambda j: -counts[j])
+    for j in fresh:
         k = counts[j]
         if k <= g:
             fits = np.flatnonzero(free >= k)
@@ -385,30 +543,36 @@ def _pack(problem: PolluxProblem, counts: list[int]) -> IntArray:
                 state[j, n] = k
                 free[n] -= k
                 continue
-        order = np.argsort(-free, kind="stable")
         need = k
-        used = []
-        for n in order:
+        for n in np.argsort(-free, kind="stable"):
             if free[n] <= 0 or need == 0:
                 break
-            if problem.avoid_interference and owner[n] != -1:
+            if not fits_multi(j, int(n)):
                 continue
             take = int(min(free[n], need))
             state[j, n] = take
-            used.append(int(n))
             need -= take
-        if need > 0 or (0 < int(state[j].sum()) < int(problem.min_replicas[j])):
-            state[j] = 0  # could not place it whole: leave it to the fill-up search
+        placed = int(state[j].sum())
+        if placed < max(int(problem.min_replicas[j]), 1):
+            state[j] = 0
             continue
-        for n in used:
-            free[n] -= state[j, n]
-        if len(used) > 1:
-            owner[used] = j
+        free -= state[j]
+        claim(j)
     return state
 
 
 class PolluxPolicy:
-    """FITNESS_p-maximising Pollux policy (eq. 15-16) with a greedy + local-search optimiser."""
+    """FITNESS_p-maximising Pollux policy (eq. 15-16) with a greedy + local-search optimiser.
+
+    ``p``: fairness exponent of the power mean (-1 in the paper). ``epsilon``: added to each
+    speedup so an idle job counts as a large finite loss at p < 0. ``avoid_interference``: no
+    two distributed jobs share a node. ``switch_margin``: extra discount on a changed
+    allocation, to damp churn in live clusters (0 reproduces the paper's objective).
+    ``admission``: ``"fitness"`` lets the objective pick which jobs run when GPUs are scarce;
+    ``"las"`` admits in least-attained-service order first (a 2D-LAS flavour). ``fair_reference``:
+    see :class:`PolluxProblem`. ``exhaustive_limit``: jobs × GPUs below which the second search
+    start runs.
+    """
 
     name = "pollux"
     batch_mode = BatchMode.ADAPTIVE
@@ -419,15 +583,26 @@ class PolluxPolicy:
         epsilon: float = 1e-3,
         avoid_interference: bool = True,
         search_rounds: int = 50,
+        switch_margin: float = 0.0,
+        admission: str = "fitness",
+        exhaustive_limit: int = 64 * 64,
+        fair_reference: str = "packed",
     ) -> None:
+        self.fair_reference = fair_reference
+        self.exhaustive_limit = exhaustive_limit
+        if admission not in ("fitness", "las"):
+            raise ValueError(f"admission must be 'fitness' or 'las', got {admission!r}")
+        self.admission = admission
         self.p = p
+        self.switch_margin = switch_margin
         self.epsilon = epsilon
         self.avoid_interference = avoid_interference
         self.search_rounds = search_rounds
         self.last_fitness: float | None = None
 
     def problem(self, snapshot: ClusterSnapshot) -> PolluxProblem:
-        return PolluxProblem(snapshot, self.p, self.epsilon, self.avoid_interference)
+        return PolluxProblem(snapshot, self.p, self.epsilon, self.avoid_interference,
+                             self.switch_margin, self.fair_reference)
 
     def optimize(
         self, snapshot: ClusterSnapshot, rng: np.random.Generator
@@ -437,19 +612,29 @@ class PolluxPolicy:
         if problem.num_jobs == 0 or problem.num_nodes == 0:
             self.last_fitness = None
             return {}
-        counts = _choose_counts(problem, _count_utilities(problem))
-        search = _Search(problem, _pack(problem, counts))
-        search.greedy()  # use fragments packing left over
-        for _ in range(3):
-            changed = search.reverts()
-            changed = search.transfers(self.search_rounds) or changed
-            if not changed:
-                break
-            search.greedy()
-        state = search.state
-        fit = float(problem.fitness(state[None])[0])
-        base_fit = float(problem.fitness(problem.base[None])[0])
-        if base_fit > fit:  # never worse than standing still
-            state, fit = problem.base, base_fit
+        floor = 1 if self.admission == "las" else 0
+        counts = _choose_counts(problem, _count_utilities(problem), self.admission)
+        starts = [_pack(problem, counts)]
+        if problem.num_jobs * problem.total_gpus <= self.exhaustive_limit:
+            # Small problems: also search from the current allocation placement-aware, which
+            # catches bin-packing effects the count phase cannot see.
+            starts.append(problem.base)
+        state, fit = problem.base, float(problem.fitness(problem.base[None])[0])
+        for i, start in enumerate(starts):
+            search = _Search(problem, start, floor)
+            search.greedy()  # hand out GPUs the packing left over
+            for _ in range(3):
+                changed = search.reverts()
+                # Transfers are the expensive move: the extra start gets a few rounds.
+                if i == 0:
+                    changed = search.transfers(self.search_rounds) or changed
+                else:
+                    changed = search.transfers_wide(max(self.search_rounds // 10, 1)) or changed
+                if not changed:
+                    break
+                search.greedy()
+            value = float(problem.fitness(search.state[None])[0])
+            if value > fit + 1e-15:  # never worse than standing still
+                state, fit = search.state.copy(), value
         self.last_fitness = fit
         return problem.to_allocations(state)

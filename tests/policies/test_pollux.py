@@ -85,3 +85,28 @@ def test_interference_rule_two_distributed_jobs_never_share_a_node() -> None:
     multi = [a for a in allocs.values() if sum(1 for x in a if x) > 1]
     shared = np.sum([np.asarray(a) > 0 for a in multi], axis=0) if multi else np.zeros(3)
     assert np.all(shared <= 1)
+
+
+def test_las_admission_runs_least_served_jobs_when_gpus_are_scarce() -> None:
+    nodes = (NodeInfo("a", 2),)
+    jobs = {
+        f"j{i}": _job(f"j{i}", attained_service=float(1000 * (4 - i)), max_gpus_held=1)
+        for i in range(4)
+    }
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
+    allocs = PolluxPolicy(admission="las").optimize(snap, np.random.default_rng(0))
+    assert sorted(allocs) == ["j2", "j3"]  # the two with the least attained service
+    with pytest.raises(ValueError, match="admission"):
+        PolluxPolicy(admission="random")
+
+
+def test_fair_reference_changes_the_speedup_normaliser() -> None:
+    nodes = tuple(NodeInfo(f"n{i}", 4) for i in range(4))
+    snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": _job("j")})
+    packed = PolluxProblem(snap, fair_reference="packed")
+    spread = PolluxProblem(snap, fair_reference="spread")
+    assert packed.fair == (1, 16) and spread.fair == (4, 16)
+    # One node is the best case for 16 GPUs: speedups against it are lower.
+    assert packed.speedup(0, 4, 16, changed=False) < spread.speedup(0, 4, 16, changed=False)
+    with pytest.raises(ValueError, match="fair_reference"):
+        PolluxProblem(snap, fair_reference="wide")

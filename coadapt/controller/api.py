@@ -1,0 +1,325 @@
+"""The REST API (FastAPI; OpenAPI schema at ``/docs`` and ``/openapi.json``).
+
+Authentication: ``Authorization: Bearer TOKEN`` with a tenant's API token. The admin token
+(``STATE_DIR/admin-token``) sees every job and may create tenants; a tenant sees, reads logs
+of and cancels only its own jobs (a stranger's job is a 404, like a missing one).
+
+Metrics ingestion (``POST /api/v1/jobs/{id}/metrics?token=JOBTOKEN``) is authenticated with a
+per-job token the controller derives (HMAC of the job id with a secret kept in the database)
+and hands each replica in ``COADAPT_METRICS_URL``; the training library posts to that URL as is.
+
+All errors are JSON ``{"error", "message", "details"?}``; :class:`ControllerError` subclasses
+are mapped to their status here and nowhere else.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations at
+# definition time, and the ``Auth`` dependency alias is local to :func:`create_app`.
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from coadapt import __version__
+from coadapt.controller.errors import ControllerError, ForbiddenError, NotFoundError, SpecError
+from coadapt.controller.snapshot import speedup
+from coadapt.controller.spec import parse_spec
+from coadapt.controller.states import JobState, check_transition
+from coadapt.controller.store import Job, Store, Tenant
+
+MAX_METRICS_BYTES = 1 << 20
+MAX_LOG_CHUNK = 1 << 20
+
+
+@dataclass
+class ApiContext:
+    """What the API needs from the server: storage, the clock, and a way to wake the loop."""
+
+    store: Store
+    state_dir: Path
+    slots: int
+    policy: str
+    clock: Callable[[], float]
+    on_change: Callable[[], None] = lambda: None
+    round_info: Callable[[], dict[str, Any]] = dict
+
+
+class TenantIn(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def job_view(job: Job, tenants: dict[str, str] | None = None) -> dict[str, Any]:
+    """A job as the API shows it (spec, state, allocation and the job's latest report)."""
+    report = job.report or {}
+    progress = report.get("progress") or {}
+    good = report.get("goodput") or {}
+    view: dict[str, Any] = {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "tenant": (tenants or {}).get(job.tenant_id, job.tenant_id),
+        "submit_time": job.submit_time,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "attempt": job.attempt,
+        "replicas": job.replicas,
+        "desired_replicas": job.desired_replicas,
+        "restarts": job.num_restarts,
+        "failures": job.failures,
+        "attained_service": job.attained_service,
+        "reason": job.reason,
+        "batch_size": report.get("batch_size", job.spec.get("batch_size")),
+        "local_bsz": report.get("local_bsz"),
+        "accum_steps": report.get("accum_steps"),
+        "step": progress.get("step"),
+        "epoch": progress.get("epoch"),
+        "loss": _num(progress.get("loss")),
+        "pgns": _num(progress.get("pgns")),
+        "goodput": _num(good.get("current_goodput")),
+        "speedup": speedup(job, job.replicas) if job.replicas > 0 else None,
+        "metrics": report.get("metrics", {}),
+        "spec": job.spec,
+    }
+    return view
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    app = FastAPI(
+        title="coadapt controller",
+        version=__version__,
+        description="Goodput-optimising cluster scheduler (Pollux-style).",
+    )
+    store = ctx.store
+
+    @app.exception_handler(ControllerError)
+    async def _controller_error(request: Request, exc: ControllerError) -> JSONResponse:
+        return JSONResponse(exc.to_json(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            {
+                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body",
+                "message": str(err.get("msg", "")),
+            }
+            for err in exc.errors()
+        ]
+        err = SpecError("invalid request: " + ", ".join(d["field"] for d in details), details)
+        return JSONResponse(err.to_json(), status_code=err.status)
+
+    def tenant(authorization: Annotated[str | None, Header()] = None) -> Tenant:
+        token = None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            token = value.strip() if scheme.lower() == "bearer" else None
+        return store.authenticate(token)
+
+    Auth = Annotated[Tenant, Depends(tenant)]
+
+    def names() -> dict[str, str]:
+        return {t.id: t.name for t in store.tenants()}
+
+    @app.get("/healthz", tags=["meta"])
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "version": __version__}
+
+    @app.get("/api/v1/whoami", tags=["tenants"])
+    def whoami(me: Auth) -> dict[str, Any]:
+        return {"id": me.id, "name": me.name, "admin": me.is_admin}
+
+    @app.post("/api/v1/tenants", status_code=201, tags=["tenants"])
+    def create_tenant(body: TenantIn, me: Auth) -> dict[str, Any]:
+        """Create a tenant and return its API token (admin only; the token is shown once)."""
+        if not me.is_admin:
+            raise ForbiddenError("only the admin token can create tenants")
+        t, token = store.create_tenant(body.name, ctx.clock())
+        return {"id": t.id, "name": t.name, "token": token}
+
+    @app.post("/api/v1/jobs", status_code=201, tags=["jobs"])
+    def submit(me: Auth, spec: Annotated[Any, Body()] = None) -> dict[str, Any]:
+        """Submit a job spec (JSON); 422 names every invalid field and what it accepts."""
+        job = store.create_job(me, parse_spec(spec), ctx.clock())
+        ctx.on_change()
+        return job_view(job, {me.id: me.name})
+
+    @app.get("/api/v1/jobs", tags=["jobs"])
+    def list_jobs(
+        me: Auth, state: Annotated[list[JobState] | None, Query()] = None
+    ) -> list[dict[str, Any]]:
+        tn = names()
+        return [job_view(j, tn) for j in store.list_jobs(me, states=state)]
+
+    @app.get("/api/v1/jobs/{job_id}", tags=["jobs"])
+    def get_job(job_id: str, me: Auth) -> dict[str, Any]:
+        return job_view(store.get_job(job_id, me), names())
+
+    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    def cancel(job_id: str, me: Auth) -> dict[str, Any]:
+        """Cancel a job (409 if it already finished); its replicas get SIGTERM, then SIGKILL."""
+        if store.get_job(job_id, me).state.is_terminal:
+            check_transition(job_id, store.get_job(job_id).state, JobState.CANCELLED)
+        job = store.update_job(
+            job_id,
+            ctx.clock(),
+            state=JobState.CANCELLED,
+            expect=(JobState.PENDING, JobState.RUNNING, JobState.RESCALING),
+            reason=f"cancelled by {me.name}",
+            desired_replicas=0,
+            event=("cancelled", f"cancelled by {me.name}"),
+        )
+        ctx.on_change()
+        return job_view(job, names())
+
+    @app.get("/api/v1/jobs/{job_id}/events", tags=["jobs"])
+    def events(
+        job_id: str, me: Auth, after: Annotated[int, Query(ge=0)] = 0
+    ) -> list[dict[str, Any]]:
+        store.get_job(job_id, me)
+        return [
+            {"id": e.id, "time": e.time, "kind": e.kind, "message": e.message, "data": e.data}
+            for e in store.events(job_id, after_id=after)
+        ]
+
+    @app.get("/api/v1/jobs/{job_id}/metrics", tags=["jobs"])
+    def metrics(job_id: str, me: Auth) -> list[dict[str, Any]]:
+        store.get_job(job_id, me)
+        return [
+            {"time": m.time, "name": m.name, "value": m.value, "step": m.step}
+            for m in store.metrics(job_id)
+        ]
+
+    @app.get("/api/v1/jobs/{job_id}/logs", tags=["jobs"])
+    def logs(
+        job_id: str,
+        me: Auth,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
+        rank: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_LOG_CHUNK)] = 65536,
+    ) -> dict[str, Any]:
+        """A chunk of one replica's log from byte ``offset`` (poll ``next_offset`` to follow)."""
+        job = store.get_job(job_id, me)
+        att = attempt if attempt is not None else max(job.attempt, 1)
+        path = ctx.state_dir / "jobs" / job.id / "logs" / f"attempt-{att}.rank-{rank}.log"
+        data = b""
+        if path.is_file():
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(limit)
+        elif attempt is not None and att > job.attempt:
+            raise NotFoundError(f"job {job.id} has no attempt {att} (latest: {job.attempt})")
+        return {
+            "attempt": att,
+            "rank": rank,
+            "offset": offset,
+            "next_offset": offset + len(data),
+            "text": data.decode("utf-8", errors="replace"),
+            "latest_attempt": job.attempt,
+            "state": job.state.value,
+        }
+
+    @app.post("/api/v1/jobs/{job_id}/metrics", status_code=204, tags=["ingestion"])
+    async def ingest(job_id: str, request: Request, token: str = "") -> None:
+        """Metrics from a job's replicas (the coadapt.train payload), per-job token auth."""
+        body = await request.body()
+        if len(body) > MAX_METRICS_BYTES:
+            raise SpecError(f"metrics record too large ({len(body)} bytes)")
+        if not store.check_job_token(job_id, token):
+            raise NotFoundError(f"no job {job_id!r}")  # no oracle for job ids
+        try:
+            record = json.loads(body)
+        except ValueError:
+            raise SpecError("metrics record is not JSON") from None
+        if not isinstance(record, dict):
+            raise SpecError("metrics record must be a JSON object")
+        ingest_record(store, job_id, record, ctx.clock())
+
+    @app.get("/api/v1/cluster", tags=["cluster"])
+    def cluster(me: Auth) -> dict[str, Any]:
+        """Nodes, slots, allocations and per-job goodput, speedup and batch size."""
+        live = store.replicas(statuses=("starting", "live"))
+        slots_of: dict[str, list[int]] = {}
+        for rep in live:
+            slots_of.setdefault(rep.job_id, []).append(rep.slot)
+        used = sum(len(v) for v in slots_of.values())
+        tn = names()
+        active = store.list_jobs(
+            me, states=(JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
+        )
+        jobs = []
+        for job in active:
+            view = job_view(job, tn)
+            view.pop("spec")
+            view["slots"] = sorted(slots_of.get(job.id, []))
+            jobs.append(view)
+        return {
+            "policy": ctx.policy,
+            "slots": ctx.slots,
+            "used": used,
+            "nodes": [{"name": "local", "slots": ctx.slots, "used": used}],
+            "round": ctx.round_info(),
+            "jobs": jobs,
+        }
+
+    return app
+
+
+def ingest_record(store: Store, job_id: str, record: dict[str, Any], now: float) -> None:
+    """Fold one coadapt.train metrics record into the job's report (and metrics table)."""
+    kind = record.get("kind")
+    patch: dict[str, Any] = {"last_report_at": now}
+    if kind == "goodput":
+        for key in ("perf", "grad", "profile"):
+            if key in record:
+                patch[key] = record[key]
+        patch["goodput"] = {
+            k: record.get(k) for k in ("current", "current_goodput", "best", "best_goodput", "pgns")
+        }
+    elif kind == "progress":
+        patch["progress"] = {
+            k: record.get(k)
+            for k in ("step", "epoch", "position", "replicas", "lr_scale", "pgns", "loss")
+        }
+        for key in ("batch_size", "local_bsz", "accum_steps"):
+            if key in record:
+                patch[key] = record[key]
+    elif kind == "batch":
+        for key in ("batch_size", "local_bsz", "accum_steps"):
+            if key in record:
+                patch[key] = record[key]
+        store.add_event(
+            job_id,
+            "batch",
+            f"batch size -> {record.get('batch_size')} "
+            f"(m={record.get('local_bsz')}, s={record.get('accum_steps')})",
+            now,
+            {"batch_size": record.get("batch_size")},
+        )
+    elif kind == "metric":
+        name = str(record.get("name", "metric"))
+        value = _num(record.get("value"))
+        step = record.get("step")
+        store.add_metric(job_id, name, value, step if isinstance(step, int) else None, now)
+        job = store.get_job(job_id)
+        metrics = dict((job.report or {}).get("metrics", {}))
+        metrics[name[:64]] = value
+        patch["metrics"] = metrics
+    elif kind == "stopped":
+        store.add_event(
+            job_id,
+            "checkpointed",
+            "replica checkpointed and stopped",
+            now,
+            {"checkpoint": record.get("checkpoint")},
+        )
+    store.merge_report(job_id, patch)

@@ -1,0 +1,348 @@
+"""CLI sub-commands of the live cluster: ``server``, ``submit``, ``ls``, ``show``, ``logs``,
+``cancel``, ``wait``, ``cluster`` and ``tenant create``.
+
+Client commands find the controller from ``--server``, ``$COADAPT_SERVER``, the local state
+dir's ``server.json``, or the default port; the token from ``--token``, ``$COADAPT_TOKEN``,
+or the local state dir's ``admin-token``. Exit codes: 0 ok, 1 a job failed / timed out,
+2 invalid input (4xx), 3 controller unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from coadapt.controller.client import Client, ClientError
+from coadapt.controller.errors import ControllerError
+from coadapt.controller.paths import ADMIN_TOKEN_FILE, DEFAULT_PORT, SERVER_FILE, default_state_dir
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return Path(args.state_dir) if getattr(args, "state_dir", None) else default_state_dir()
+
+
+def _client(args: argparse.Namespace) -> Client:
+    state = _state_dir(args)
+    url = args.server or os.environ.get("COADAPT_SERVER")
+    if not url:
+        try:
+            url = json.loads((state / SERVER_FILE).read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    token = args.token or os.environ.get("COADAPT_TOKEN")
+    if not token:
+        try:
+            token = (state / ADMIN_TOKEN_FILE).read_text().strip()
+        except OSError:
+            token = None
+    return Client(str(url), token)
+
+
+def _exit_code(exc: ClientError) -> int:
+    return 3 if exc.status == 0 else (2 if 400 <= exc.status < 500 else 1)
+
+
+def _run_client(fn: Any) -> Any:
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            with _client(args) as client:
+                return int(fn(client, args))
+        except ClientError as exc:
+            print(f"coadapt: {exc.render()}", file=sys.stderr)
+            return _exit_code(exc)
+        except ControllerError as exc:
+            print(f"coadapt: {exc.message}", file=sys.stderr)
+            for d in exc.details:
+                print(f"  {d.get('field')}: {d.get('message')}", file=sys.stderr)
+            return 2
+
+    return wrapper
+
+
+def _fmt(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    from coadapt.controller.specfile import load_spec_file
+
+    for path in args.files:
+        job = client.submit(load_spec_file(path))
+        print(job["id"])
+    return 0
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def cmd_ls(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.jobs(args.state)
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    rows = [
+        [
+            j["id"],
+            j["name"],
+            j["tenant"],
+            j["state"],
+            str(j["replicas"]),
+            _fmt(j["batch_size"]),
+            _fmt(j["step"]),
+            str(j["restarts"]),
+        ]
+        for j in jobs
+    ]
+    _table(rows, ["ID", "NAME", "TENANT", "STATE", "REPLICAS", "BATCH", "STEP", "RESTARTS"])
+    return 0
+
+
+def cmd_show(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job)
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return 0
+    for key in (
+        "id",
+        "name",
+        "tenant",
+        "state",
+        "reason",
+        "replicas",
+        "desired_replicas",
+        "attempt",
+        "restarts",
+        "failures",
+        "batch_size",
+        "local_bsz",
+        "accum_steps",
+        "step",
+        "epoch",
+        "loss",
+        "goodput",
+        "speedup",
+        "attained_service",
+        "metrics",
+    ):
+        print(f"{key:>17}: {_fmt(job.get(key), 3)}")
+    print("           events:")
+    for e in client.events(args.job)[-args.events :]:
+        print(
+            f"    {time.strftime('%H:%M:%S', time.localtime(e['time']))} "
+            f"{e['kind']:<13} {e['message']}"
+        )
+    return 0
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    attempt = args.attempt
+    offset = 0
+    while True:
+        chunk = client.logs(args.job, offset=offset, rank=args.rank, attempt=attempt)
+        if chunk["text"]:
+            sys.stdout.write(chunk["text"])
+            sys.stdout.flush()
+        offset = chunk["next_offset"]
+        if not args.follow:
+            return 0
+        if chunk["text"]:
+            continue
+        if args.attempt is None and chunk["latest_attempt"] > chunk["attempt"]:
+            attempt, offset = chunk["latest_attempt"], 0  # follow into the next attempt
+            print(f"--- attempt {attempt} ---", flush=True)
+            continue
+        if chunk["state"] in TERMINAL:
+            return 0
+        time.sleep(args.poll)
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    for job_id in args.jobs:
+        print(f"{client.cancel(job_id)['id']} CANCELLED")
+    return 0
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.timeout if args.timeout is not None else None
+    while True:
+        states = {j: client.job(j)["state"] for j in args.jobs}
+        if all(s in TERMINAL for s in states.values()):
+            for j, s in states.items():
+                print(f"{j} {s}")
+            return 0 if all(s == "SUCCEEDED" for s in states.values()) else 1
+        if deadline is not None and time.monotonic() >= deadline:
+            for j, s in states.items():
+                print(f"{j} {s}")
+            print(f"coadapt: timed out after {args.timeout}s", file=sys.stderr)
+            return 1
+        time.sleep(args.poll)
+
+
+def cmd_cluster(client: Client, args: argparse.Namespace) -> int:
+    state = client.cluster()
+    if args.json:
+        print(json.dumps(state, indent=2))
+        return 0
+    rnd = state.get("round") or {}
+    print(
+        f"policy {state['policy']}: {state['used']}/{state['slots']} slots used; "
+        f"{rnd.get('count', 0)} rounds"
+    )
+    rows = [
+        [
+            j["id"],
+            j["state"],
+            str(j["replicas"]),
+            str(j["desired_replicas"]),
+            ",".join(str(s) for s in j["slots"]) or "-",
+            _fmt(j["batch_size"]),
+            _fmt(j["goodput"]),
+            _fmt(j["speedup"], 2),
+            _fmt(j["step"]),
+        ]
+        for j in state["jobs"]
+    ]
+    _table(
+        rows, ["ID", "STATE", "REPLICAS", "DESIRED", "SLOTS", "BATCH", "GOODPUT", "SPEEDUP", "STEP"]
+    )
+    return 0
+
+
+def cmd_tenant_create(client: Client, args: argparse.Namespace) -> int:
+    t = client.create_tenant(args.name)
+    print(t["token"])
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from coadapt.controller.server import ServerOptions, serve
+
+    try:
+        return serve(
+            ServerOptions(
+                state_dir=_state_dir(args),
+                host=args.host,
+                port=args.port,
+                db=args.db,
+                slots=args.slots,
+                policy=args.policy,
+                interval=args.interval,
+                tick=args.tick,
+                stop_grace=args.stop_grace,
+                restart_delay=args.restart_delay,
+                backoff=args.backoff,
+                seed=args.seed,
+            )
+        )
+    except ControllerError as exc:
+        print(f"coadapt server: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register the live-cluster sub-commands on a ``coadapt`` sub-parser collection."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--server",
+        default=None,
+        help="controller URL (default: $COADAPT_SERVER, the state dir's "
+        f"server.json, or http://127.0.0.1:{DEFAULT_PORT})",
+    )
+    common.add_argument(
+        "--token", default=None, help="API token (default: $COADAPT_TOKEN or the local admin token)"
+    )
+    common.add_argument(
+        "--state-dir", default=None, help="local state dir ($COADAPT_STATE_DIR or ~/.coadapt)"
+    )
+
+    p = subparsers.add_parser("server", help="run the controller (API + scheduler)")
+    p.add_argument("--state-dir", default=None, help="state directory (default ~/.coadapt)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument(
+        "--db",
+        default=None,
+        help="database URL (default: SQLite in the state dir; or postgresql://USER@HOST/DB)",
+    )
+    p.add_argument(
+        "--slots", type=int, default=None, help="CPU slots (default: the GPUs, else the CPU count)"
+    )
+    p.add_argument(
+        "--policy", default="pollux", help="pollux (default), pollux-ga, tiresias, optimus or fifo"
+    )
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
+    p.add_argument("--tick", type=float, default=0.5, help="seconds between observations")
+    p.add_argument("--stop-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=30.0,
+        help="re-allocation cost the policy assumes (seconds)",
+    )
+    p.add_argument("--backoff", type=float, default=2.0, help="first retry delay (seconds)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_server)
+
+    p = subparsers.add_parser("submit", parents=[common], help="submit job specs (YAML/JSON)")
+    p.add_argument("files", nargs="+", help="job spec files")
+    p.set_defaults(func=_run_client(cmd_submit))
+
+    p = subparsers.add_parser("ls", parents=[common], help="list jobs")
+    p.add_argument("--state", action="append", default=None, help="only jobs in this state")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_client(cmd_ls))
+
+    p = subparsers.add_parser("show", parents=[common], help="show one job and its events")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--events", type=int, default=20, help="how many recent events")
+    p.set_defaults(func=_run_client(cmd_show))
+
+    p = subparsers.add_parser("logs", parents=[common], help="print a job's log")
+    p.add_argument("job")
+    p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--attempt", type=int, default=None, help="default: the latest")
+    p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=_run_client(cmd_logs))
+
+    p = subparsers.add_parser("cancel", parents=[common], help="cancel jobs")
+    p.add_argument("jobs", nargs="+")
+    p.set_defaults(func=_run_client(cmd_cancel))
+
+    p = subparsers.add_parser(
+        "wait", parents=[common], help="wait for jobs to finish (exit 0 if all succeeded)"
+    )
+    p.add_argument("jobs", nargs="+")
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=_run_client(cmd_wait))
+
+    p = subparsers.add_parser(
+        "cluster", parents=[common], help="slots, allocations, goodput and batch sizes"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_client(cmd_cluster))
+
+    p = subparsers.add_parser("tenant", help="manage tenants (admin token)")
+    tsub = p.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
+    tp = tsub.add_parser("create", parents=[common], help="create a tenant; prints its token")
+    tp.add_argument("name")
+    tp.set_defaults(func=_run_client(cmd_tenant_create))

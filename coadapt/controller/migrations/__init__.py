@@ -1,0 +1,1 @@
+"""Alembic migrations of the controller's database, run programmatically at start."""

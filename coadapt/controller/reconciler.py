@@ -1,0 +1,532 @@
+"""The level-triggered control loop: observe replicas, settle job states, run the policy,
+and make the processes match the policy's decision.
+
+Every tick re-derives what to do from the database and the executor's observations, never
+from memory of what it did last, so it is idempotent and a controller killed at any point
+picks up where it stopped (Kubernetes-controller style). The policy is only ever called as
+``policy.optimize(snapshot, rng)``; the loop never asks which policy it runs.
+
+Invariants the loop keeps:
+
+* a job launches a new attempt only when none of its replicas is alive (no job runs twice);
+* a launch happens only into free slots (a rescaling job holds its slots until it exits);
+* every replica row is written before its process starts and carries PID + start time, so a
+  restarted controller re-adopts live replicas instead of duplicating them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coadapt.controller.errors import ControllerError, InvalidTransitionError
+from coadapt.controller.snapshot import build_snapshot
+from coadapt.controller.spec import JobSpec
+from coadapt.controller.states import JobState
+from coadapt.controller.store import Job, Replica, Store
+from coadapt.executors import Executor, ExecutorError, ReplicaHandle, ReplicaPhase, ReplicaSpec
+from coadapt.policies import Policy, PolicyError, validate_allocations
+
+log = logging.getLogger("coadapt.controller")
+
+Clock = Callable[[], float]
+ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
+LIVE = ("starting", "live")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_RESIGNAL_S = 5.0  # re-send SIGTERM this often while a stop is pending (level-triggered)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Tunables of the loop (CLI flags of ``coadapt server``)."""
+
+    state_dir: Path
+    interval: float = 60.0  # seconds between policy rounds (plus prompt rounds on changes)
+    stop_grace: float = 30.0  # SIGTERM -> SIGKILL after this many seconds
+    backoff_base: float = 2.0  # first retry delay after a failure; doubles per failure
+    backoff_max: float = 300.0
+    restart_delay: float = 30.0  # δ the policy charges for a re-allocation
+    seed: int = 0
+    metrics_base_url: str | None = None  # e.g. http://127.0.0.1:7373
+    min_round_gap: float = 1.0  # prompt rounds (submit, finish) at most this often
+
+
+def free_port() -> int:
+    """A TCP port free a moment ago (the replicas' rendezvous binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _handle(rep: Replica) -> ReplicaHandle:
+    if rep.pid is None:
+        raise ValueError(f"replica {rep.id} has no pid yet")
+    return ReplicaHandle(rep.pid, rep.start_ticks, rep.run_dir, rep.rank)
+
+
+class Controller:
+    """Reconciles desired (policy) with observed (executor) state, one :meth:`step` at a time."""
+
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        policy: Policy,
+        config: ControllerConfig,
+        clock: Clock = time.time,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.policy = policy
+        self.config = config
+        self.clock = clock
+        self.slots = executor.slots()
+        self._poke = threading.Event()
+        self._next_round = -np.inf
+        self._last_schedulable: frozenset[str] | None = None
+        self._signalled: dict[int, float] = {}
+        self._round = int(store.meta_get("policy_round") or 0)
+        self.last_round_seconds: float | None = None
+        self.last_round_at: float | None = None
+
+    # -- public ---------------------------------------------------------------------------
+    @property
+    def rounds(self) -> int:
+        """Policy rounds run so far (persisted: the RNG of round r is seeded with r)."""
+        return self._round
+
+    def poke(self) -> None:
+        """Ask for a prompt policy round (after a submit, a cancel, a finish); rounds are
+        coalesced to at most one per ``min_round_gap`` so a burst of submissions costs one."""
+        self._poke.set()
+
+    def step(self) -> None:
+        """One reconciliation: observe, settle, maybe schedule, act."""
+        now = self.clock()
+        self._observe(now)
+        self._settle(now)
+        jobs = self.store.list_jobs(states=ACTIVE)
+        schedulable = frozenset(j.id for j in jobs if self._schedulable(j, now))
+        prompt = self._poke.is_set() or schedulable != self._last_schedulable
+        recent = (
+            self.last_round_at is not None and now - self.last_round_at < self.config.min_round_gap
+        )
+        if now >= self._next_round or (prompt and not recent):
+            self._poke.clear()
+            self.schedule(now)
+            self._last_schedulable = schedulable
+        self._act(self.clock())
+
+    def run(self, stop: threading.Event, tick: float = 0.5) -> None:
+        """Loop until ``stop`` is set; an error in one step is logged and the loop goes on."""
+        self.store.add_event(
+            None,
+            "controller",
+            f"controller started (policy {self.policy.name}, {self.slots} slots)",
+            self.clock(),
+        )
+        while not stop.is_set():
+            try:
+                self.step()
+            except (ControllerError, ExecutorError) as exc:
+                log.error("reconcile step failed: %s", exc)
+            except Exception:  # the supervisor must outlive a bug in one step; loudly
+                log.exception("unexpected error in the reconcile step")
+            stop.wait(tick)
+
+    # -- observe --------------------------------------------------------------------------
+    def _observe(self, now: float) -> None:
+        for rep in self.store.replicas(statuses=LIVE):
+            if rep.pid is None:  # the controller died between writing the row and starting
+                handle = self.executor.recover(rep.run_dir, rep.rank)
+                if handle is None:
+                    self.store.update_replica(
+                        rep.id,
+                        status="exited",
+                        exit_code=None,
+                        reason="launch interrupted",
+                        ended_at=now,
+                    )
+                    continue
+                rep = self.store.update_replica(
+                    rep.id, status="live", pid=handle.pid, start_ticks=handle.start_ticks
+                )
+            status = self.executor.poll(_handle(rep))
+            if status.phase is ReplicaPhase.RUNNING:
+                if rep.status != "live":
+                    self.store.update_replica(rep.id, status="live")
+                continue
+            self._signalled.pop(rep.id, None)
+            self.store.update_replica(
+                rep.id,
+                status="exited",
+                exit_code=status.exit_code,
+                reason=status.reason or status.phase.value,
+                ended_at=now,
+            )
+            self.store.add_event(
+                rep.job_id,
+                "replica-exit",
+                f"attempt {rep.attempt} rank {rep.rank} exited: code {status.exit_code} "
+                f"({status.reason or status.phase.value})",
+                now,
+                {"attempt": rep.attempt, "rank": rep.rank, "exit_code": status.exit_code},
+            )
+
+    # -- settle ---------------------------------------------------------------------------
+    def _accrue(self, job: Job, now: float) -> dict[str, float | None]:
+        """Attained service (slot-seconds) up to ``now``, for fields of an update."""
+        if job.service_at is None or job.replicas <= 0:
+            return {"service_at": None}
+        gained = job.replicas * max(now - job.service_at, 0.0)
+        return {"attained_service": job.attained_service + gained, "service_at": None}
+
+    def _settle(self, now: float) -> None:
+        """Turn finished or failed attempts into state transitions."""
+        for job in self.store.list_jobs(states=(JobState.RUNNING, JobState.RESCALING)):
+            reps = self.store.replicas(job.id, attempt=job.attempt)
+            live = [r for r in reps if r.status in LIVE]
+            failed = [r for r in reps if r.status == "exited" and r.exit_code != 0]
+            if live:
+                if failed and job.state is JobState.RUNNING:
+                    self._stop_all(job, live, now, why="a replica failed")
+                continue
+            try:
+                self._finish_attempt(job, reps, failed, now)
+            except InvalidTransitionError:
+                continue  # someone (a cancel) changed the job meanwhile: next tick decides
+
+    def _finish_attempt(
+        self, job: Job, reps: Sequence[Replica], failed: Sequence[Replica], now: float
+    ) -> None:
+        accrued = self._accrue(job, now)
+        common = dict(replicas=0, stop_requested_at=None, **accrued)
+        if job.state is JobState.RESCALING or len(reps) < job.replicas:
+            why = (
+                "stopped for re-allocation"
+                if job.state is JobState.RESCALING
+                else ("launch interrupted")
+            )
+            self.store.update_job(
+                job.id,
+                now,
+                state=JobState.PENDING,
+                expect=job.state,
+                event=("alloc", f"{why}; 0 slots"),
+                event_data={"replicas": 0},
+                **common,
+            )
+            self.poke()
+            return
+        if not failed:
+            self.store.update_job(
+                job.id,
+                now,
+                state=JobState.SUCCEEDED,
+                expect=job.state,
+                reason="all replicas exited 0",
+                event=("alloc", "succeeded; 0 slots"),
+                event_data={"replicas": 0},
+                **common,
+            )
+            self.poke()
+            return
+        first = failed[0]
+        cause = (
+            f"attempt {job.attempt} rank {first.rank} exited with code {first.exit_code}"
+            f" ({first.reason})"
+        )
+        failures = job.failures + 1
+        max_restarts = int(job.spec.get("max_restarts", 0))
+        if failures > max_restarts:
+            self.store.update_job(
+                job.id,
+                now,
+                state=JobState.FAILED,
+                expect=job.state,
+                failures=failures,
+                reason=f"{cause}; gave up after {max_restarts} restarts",
+                event=("alloc", f"failed: {cause}; 0 slots"),
+                event_data={"replicas": 0},
+                **common,
+            )
+        else:
+            delay = min(self.config.backoff_base * 2 ** (failures - 1), self.config.backoff_max)
+            self.store.update_job(
+                job.id,
+                now,
+                state=JobState.PENDING,
+                expect=job.state,
+                failures=failures,
+                not_before=now + delay,
+                reason=cause,
+                event=(
+                    "alloc",
+                    f"{cause}; retry {failures}/{max_restarts} in {delay:.0f}s "
+                    "from the last checkpoint",
+                ),
+                event_data={"replicas": 0},
+                **common,
+            )
+        self.poke()
+
+    # -- schedule -------------------------------------------------------------------------
+    def _schedulable(self, job: Job, now: float) -> bool:
+        return job.state is not JobState.PENDING or job.not_before <= now
+
+    def schedule(self, now: float) -> dict[str, int]:
+        """One policy round: snapshot → ``policy.optimize`` → desired replicas per job."""
+        self._next_round = now + self.config.interval
+        self.last_round_at = now
+        active = self.store.list_jobs(states=ACTIVE)
+        jobs = [j for j in active if self._schedulable(j, now)]
+        chosen = {j.id for j in jobs}
+        for job in active:  # jobs sitting out a backoff hold nothing and want nothing now
+            if job.id not in chosen and job.desired_replicas != 0:
+                self.store.update_job(job.id, now, desired_replicas=0)
+        if not jobs:
+            return {}
+        # Attained service up to now, so the policy sees current figures (Tiresias' LAS).
+        jobs = [self._refresh_service(j, now) for j in jobs]
+        started = time.perf_counter()
+        snapshot = build_snapshot(jobs, self.slots, now, self.config.restart_delay)
+        rng = np.random.default_rng([self.config.seed, self._round])
+        try:
+            decided = self.policy.optimize(snapshot, rng)
+            validate_allocations(snapshot, decided)
+        except PolicyError as exc:
+            self.store.add_event(None, "policy-error", f"policy {self.policy.name}: {exc}", now)
+            log.error("policy %s failed: %s", self.policy.name, exc)
+            return {}
+        self.last_round_seconds = time.perf_counter() - started
+        self._round += 1
+        self.store.meta_set("policy_round", str(self._round))
+        desired: dict[str, int] = {}
+        changes: dict[str, tuple[int, str, dict[str, Any]]] = {}
+        for job in jobs:
+            k = int(sum(decided.get(job.id, ())))
+            desired[job.id] = k
+            if k != job.desired_replicas:
+                changes[job.id] = (
+                    k,
+                    f"policy {self.policy.name}: {job.desired_replicas} -> {k} slots",
+                    {"desired": k, "round": self._round},
+                )
+        self.store.set_desired(changes, now)
+        return desired
+
+    def _refresh_service(self, job: Job, now: float) -> Job:
+        if job.service_at is None or job.replicas <= 0 or now <= job.service_at:
+            return job
+        return self.store.update_job(
+            job.id,
+            now,
+            attained_service=job.attained_service + job.replicas * (now - job.service_at),
+            service_at=now,
+        )
+
+    # -- act ------------------------------------------------------------------------------
+    def _act(self, now: float) -> None:
+        live = self.store.replicas(statuses=LIVE)
+        by_job: dict[str, list[Replica]] = {}
+        for rep in live:
+            by_job.setdefault(rep.job_id, []).append(rep)
+        used = {rep.slot for rep in live}
+        free = [s for s in range(self.slots) if s not in used]
+        jobs = {j.id: j for j in self.store.list_jobs(states=ACTIVE)}
+        # Replicas of finished jobs or of superseded attempts: stop, then kill.
+        for job_id, reps in by_job.items():
+            job = jobs.get(job_id)
+            stray = reps if job is None else [r for r in reps if r.attempt != job.attempt]
+            if stray:
+                owner = job if job is not None else self.store.get_job(job_id)
+                since = owner.finished_at if owner.finished_at is not None else now
+                self._signal(stray, now, force=now - since >= self.config.stop_grace)
+        for job in jobs.values():
+            mine = [r for r in by_job.get(job.id, []) if r.attempt == job.attempt]
+            if job.state is JobState.PENDING:
+                if by_job.get(job.id) or job.desired_replicas <= 0 or job.not_before > now:
+                    continue
+                if job.desired_replicas <= len(free):
+                    take, free = free[: job.desired_replicas], free[job.desired_replicas :]
+                    self._launch(job, take, now)
+            elif job.state is JobState.RUNNING:
+                if job.desired_replicas != job.replicas and mine:
+                    self._stop_all(
+                        job,
+                        mine,
+                        now,
+                        why=f"re-allocation {job.replicas} -> {job.desired_replicas}",
+                    )
+            elif job.state is JobState.RESCALING:
+                started = job.stop_requested_at if job.stop_requested_at is not None else now
+                self._signal(mine, now, force=now - started >= self.config.stop_grace)
+
+    def _stop_all(self, job: Job, reps: Sequence[Replica], now: float, why: str) -> None:
+        """SIGTERM every live replica of the job's attempt (checkpoint and exit 0)."""
+        if job.state is JobState.RUNNING and job.stop_requested_at is None:
+            rescale = why.startswith("re-allocation")
+            try:
+                self.store.update_job(
+                    job.id,
+                    now,
+                    state=JobState.RESCALING if rescale else None,
+                    expect=JobState.RUNNING,
+                    stop_requested_at=now,
+                    event=(
+                        "rescale" if rescale else "stop",
+                        f"SIGTERM to {len(reps)} replica(s): {why}",
+                    ),
+                )
+            except InvalidTransitionError:
+                return
+            started = now
+        else:
+            started = job.stop_requested_at if job.stop_requested_at is not None else now
+        self._signal(reps, now, force=now - started >= self.config.stop_grace)
+
+    def _signal(self, reps: Sequence[Replica], now: float, force: bool) -> None:
+        for rep in reps:
+            if rep.pid is None:
+                continue
+            last = self._signalled.get(rep.id)
+            if not force and last is not None and now - last < _RESIGNAL_S:
+                continue
+            try:
+                self.executor.stop(_handle(rep), force=force)
+            except ExecutorError as exc:
+                log.error("cannot stop replica %s: %s", rep.id, exc)
+            self._signalled[rep.id] = now
+
+    # -- launch ---------------------------------------------------------------------------
+    def job_dir(self, job_id: str) -> Path:
+        return self.config.state_dir / "jobs" / job_id
+
+    def _argv(self, spec: JobSpec) -> tuple[str, ...]:
+        if spec.script is not None:
+            return (sys.executable, spec.script, *spec.args)
+        cmd = list(spec.command or ())
+        if cmd and cmd[0] in ("python", "python3"):
+            cmd[0] = sys.executable  # the controller's interpreter, which has coadapt
+        return (*cmd, *spec.args)
+
+    @staticmethod
+    def _expand(argv: Sequence[str], env: dict[str, str]) -> tuple[str, ...]:
+        """``${NAME}`` in a command or its args expands from the replica's environment
+        (e.g. ``--out ${COADAPT_CHECKPOINT_DIR}/result.json``)."""
+        return tuple(_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv)
+
+    def _env(
+        self,
+        job: Job,
+        spec: JobSpec,
+        attempt: int,
+        rank: int,
+        world: int,
+        port: int,
+        slots: Sequence[int],
+    ) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(spec.env)
+        jdir = self.job_dir(job.id)
+        env.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "COADAPT_JOB_ID": job.id,
+                "COADAPT_NUM_NODES": "1",
+                "COADAPT_CHECKPOINT_DIR": str((jdir / "checkpoints").resolve()),
+                "COADAPT_RESTARTS": str(attempt - 1),
+                "COADAPT_ATTEMPT": str(attempt),
+                "COADAPT_BATCH_MODE": self.policy.batch_mode.value,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.config.metrics_base_url:
+            token = self.store.job_token(job.id)
+            env["COADAPT_JOB_TOKEN"] = token
+            env["COADAPT_METRICS_URL"] = (
+                f"{self.config.metrics_base_url}/api/v1/jobs/{job.id}/metrics?token={token}"
+            )
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if self.executor.uses_gpus():
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
+        else:
+            env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def _launch(self, job: Job, slots: Sequence[int], now: float) -> None:
+        spec = job.job_spec
+        attempt, k = job.attempt + 1, len(slots)
+        port = free_port()
+        jdir = self.job_dir(job.id)
+        run_dir = jdir / "runs" / str(attempt)
+        (jdir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        try:
+            job = self.store.update_job(
+                job.id,
+                now,
+                state=JobState.RUNNING,
+                expect=JobState.PENDING,
+                attempt=attempt,
+                replicas=k,
+                num_restarts=job.num_restarts + (1 if job.attempt > 0 else 0),
+                max_gpus_held=max(job.max_gpus_held, k),
+                service_at=now,
+                started_at=job.started_at if job.started_at is not None else now,
+                stop_requested_at=None,
+                event=("alloc", f"attempt {attempt}: {k} slot(s) {list(slots)}"),
+                event_data={"replicas": k, "attempt": attempt, "slots": list(slots)},
+            )
+        except InvalidTransitionError:
+            return  # cancelled meanwhile
+        argv = self._argv(spec)
+        cwd = spec.working_dir or str(self.config.state_dir)
+        for rank, slot in enumerate(slots):
+            log_path = jdir / "logs" / f"attempt-{attempt}.rank-{rank}.log"
+            rep = self.store.add_replica(
+                job.id, attempt, rank, slot, str(run_dir), str(log_path), now
+            )
+            env = self._env(job, spec, attempt, rank, k, port, slots)
+            rspec = ReplicaSpec(
+                job_id=job.id,
+                attempt=attempt,
+                rank=rank,
+                world_size=k,
+                argv=self._expand(argv, env),
+                cwd=cwd,
+                run_dir=str(run_dir),
+                log_path=str(log_path),
+                slot=slot,
+                env=env,
+            )
+            try:
+                handle = self.executor.launch(rspec)
+            except ExecutorError as exc:
+                self.store.update_replica(
+                    rep.id,
+                    status="exited",
+                    exit_code=127,
+                    reason=f"launch failed: {exc}",
+                    ended_at=now,
+                )
+                self.store.add_event(job.id, "launch-error", str(exc), now)
+                continue  # settle: a failed replica stops the others and retries/fails
+            self.store.update_replica(
+                rep.id, status="live", pid=handle.pid, start_ticks=handle.start_ticks
+            )

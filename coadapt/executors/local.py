@@ -1,0 +1,172 @@
+"""Replicas as processes on this machine: the GPUs are the slots, or N CPU slots.
+
+Each replica runs under :mod:`coadapt.executors._shim` in its own session (so a controller
+crash or Ctrl-C does not take training down with it), with stdout and stderr appended to its
+log file. Status comes from the shim's exit file, so a restarted controller can poll
+replicas it did not start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from coadapt.executors._proc import proc_start_ticks, proc_state
+from coadapt.executors.base import (
+    ExecutorError,
+    ReplicaHandle,
+    ReplicaPhase,
+    ReplicaSpec,
+    ReplicaStatus,
+)
+
+
+def detect_gpus() -> int:
+    """Number of NVIDIA GPUs (``nvidia-smi -L``), without importing torch (slow)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _alive(handle: ReplicaHandle) -> bool:
+    """The process exists, is not a zombie, and is the one we started (same start time)."""
+    ticks = proc_start_ticks(handle.pid)
+    if ticks is None:
+        if Path("/proc").is_dir():
+            return False
+        try:  # no procfs: fall back to a plain existence check
+            os.kill(handle.pid, 0)
+        except OSError:
+            return False
+        return True
+    if handle.start_ticks is not None and ticks != handle.start_ticks:
+        return False  # the PID was reused by another process
+    return proc_state(handle.pid) not in (None, "Z", "X")
+
+
+class LocalExecutor:
+    """Runs replicas as supervised processes on this machine."""
+
+    name = "local"
+
+    def __init__(self, slots: int | None = None, python: str | None = None) -> None:
+        gpus = detect_gpus() if slots is None else 0
+        self._gpus = gpus > 0
+        self._slots = gpus if gpus > 0 else (slots if slots is not None else os.cpu_count() or 1)
+        if self._slots < 1:
+            raise ExecutorError(f"need at least one slot, got {self._slots}")
+        self.python = python or sys.executable
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def slots(self) -> int:
+        return self._slots
+
+    def uses_gpus(self) -> bool:
+        return self._gpus
+
+    def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
+        cwd = Path(spec.cwd)
+        if not cwd.is_dir():
+            raise ExecutorError(f"working_dir {spec.cwd!r} does not exist")
+        if not spec.argv:
+            raise ExecutorError("empty command")
+        run_dir = Path(spec.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (f"rank{spec.rank}.exit", f"rank{spec.rank}.pid"):
+            (run_dir / stale).unlink(missing_ok=True)
+        log_path = Path(spec.log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            self.python,
+            "-m",
+            "coadapt.executors._shim",
+            str(run_dir),
+            str(spec.rank),
+            "--",
+            *spec.argv,
+        ]
+        env = dict(spec.env)
+        # The shim itself must import coadapt even when the job's cwd/PYTHONPATH hides it.
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_root) if p)
+        with open(log_path, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ExecutorError(f"cannot start replica: {exc}") from exc
+        self._children[proc.pid] = proc
+        return ReplicaHandle(proc.pid, proc_start_ticks(proc.pid), str(run_dir), spec.rank)
+
+    def _exit_record(self, handle: ReplicaHandle) -> ReplicaStatus | None:
+        path = Path(handle.run_dir) / f"rank{handle.rank}.exit"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return ReplicaStatus(ReplicaPhase.EXITED, int(data["code"]), str(data.get("reason", "")))
+
+    def poll(self, handle: ReplicaHandle) -> ReplicaStatus:
+        child = self._children.get(handle.pid)
+        if child is not None:
+            code = child.poll()  # reaps our own children (no zombies)
+            if code is None:
+                return ReplicaStatus(ReplicaPhase.RUNNING)
+            del self._children[handle.pid]
+        elif _alive(handle):
+            return ReplicaStatus(ReplicaPhase.RUNNING)
+        record = self._exit_record(handle)
+        if record is not None:
+            return record
+        if child is not None and child.returncode is not None:
+            code = child.returncode
+            if code < 0:
+                return ReplicaStatus(
+                    ReplicaPhase.EXITED, 128 - code, f"supervisor killed by signal {-code}"
+                )
+            return ReplicaStatus(ReplicaPhase.EXITED, code, "supervisor exited")
+        return ReplicaStatus(ReplicaPhase.LOST, None, "process gone without an exit status")
+
+    def stop(self, handle: ReplicaHandle, force: bool = False) -> None:
+        if handle.pid not in self._children and not _alive(handle):
+            return
+        try:
+            if force:
+                os.killpg(handle.pid, signal.SIGKILL)  # the shim leads its own session
+            else:
+                os.kill(handle.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            raise ExecutorError(f"cannot signal replica pid {handle.pid}: {exc}") from exc
+
+    def recover(self, run_dir: str, rank: int) -> ReplicaHandle | None:
+        path = Path(run_dir) / f"rank{rank}.pid"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        ticks = data.get("start_ticks")
+        return ReplicaHandle(
+            int(data["pid"]), int(ticks) if ticks is not None else None, run_dir, rank
+        )

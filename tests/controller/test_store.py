@@ -1,0 +1,155 @@
+"""Storage conformance: the same contract on SQLite and PostgreSQL (STYLE §8)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from coadapt.controller.db import current_revision, make_engine, migrate
+from coadapt.controller.errors import (
+    AuthError,
+    ConflictError,
+    InvalidTransitionError,
+    NotFoundError,
+    SpecError,
+)
+from coadapt.controller.models import Base
+from coadapt.controller.spec import parse_spec
+from coadapt.controller.states import JobState
+from coadapt.controller.store import Store
+from tests.controller.conftest import make_spec
+
+
+def test_migration_from_empty_database_matches_the_models(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        assert current_revision(engine) is None
+        migrate(engine)
+        migrate(engine)  # idempotent: a restart migrates again
+        assert current_revision(engine) == "0001"
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == [], f"models and migrations disagree: {diff}"
+    finally:
+        engine.dispose()
+
+
+def test_tenants_and_tokens(store: Store) -> None:
+    alice, token = store.create_tenant("alice", 1.0)
+    assert store.authenticate(token) == alice
+    with pytest.raises(ConflictError):
+        store.create_tenant("alice", 2.0)
+    with pytest.raises(AuthError):
+        store.authenticate("nope")
+    with pytest.raises(AuthError):
+        store.authenticate(None)
+    store.add_token(alice.id, "extra-token", 3.0)
+    store.add_token(alice.id, "extra-token", 3.0)  # idempotent
+    assert store.authenticate("extra-token").name == "alice"
+    assert [t.name for t in store.tenants()] == ["alice"]
+
+
+def test_jobs_are_visible_to_their_tenant_only(store: Store) -> None:
+    alice, _ = store.create_tenant("alice", 1.0)
+    bob, _ = store.create_tenant("bob", 1.0)
+    admin, _ = store.create_tenant("root", 1.0, is_admin=True)
+    a = store.create_job(alice, parse_spec(make_spec(name="a")), 10.0)
+    b = store.create_job(bob, parse_spec(make_spec(name="b")), 11.0)
+    assert [j.id for j in store.list_jobs(alice)] == [a.id]
+    assert [j.id for j in store.list_jobs(admin)] == [a.id, b.id]
+    assert [j.id for j in store.list_jobs()] == [a.id, b.id]  # submission order
+    with pytest.raises(NotFoundError):
+        store.get_job(b.id, alice)
+    with pytest.raises(NotFoundError):
+        store.get_job("missing", alice)
+    assert store.get_job(b.id, admin).name == "b"
+    assert store.get_job(a.id).job_spec.name == "a"
+
+
+def test_state_machine_is_enforced_and_persisted(store: Store) -> None:
+    alice, _ = store.create_tenant("alice", 1.0)
+    job = store.create_job(alice, parse_spec(make_spec()), 10.0)
+    assert job.state is JobState.PENDING
+    job = store.update_job(
+        job.id,
+        11.0,
+        state=JobState.RUNNING,
+        replicas=2,
+        event=("alloc", "2 slots"),
+        event_data={"replicas": 2},
+    )
+    assert (job.state, job.replicas) == (JobState.RUNNING, 2)
+    with pytest.raises(InvalidTransitionError):  # compare-and-set on a stale expectation
+        store.update_job(job.id, 12.0, state=JobState.RUNNING, expect=JobState.PENDING)
+    job = store.update_job(job.id, 13.0, state=JobState.SUCCEEDED)
+    assert job.finished_at == 13.0
+    with pytest.raises(InvalidTransitionError):
+        store.update_job(job.id, 14.0, state=JobState.CANCELLED)
+    assert store.get_job(job.id).state is JobState.SUCCEEDED
+    kinds = [e.kind for e in store.events(job.id)]
+    assert kinds == ["submitted", "alloc"]
+    with pytest.raises(ValueError, match="not job fields"):
+        store.update_job(job.id, 15.0, bogus=1)
+    with pytest.raises(NotFoundError):
+        store.update_job("missing", 15.0)
+
+
+def test_replicas_events_metrics_and_meta(store: Store) -> None:
+    alice, _ = store.create_tenant("alice", 1.0)
+    job = store.create_job(alice, parse_spec(make_spec()), 10.0)
+    rep = store.add_replica(job.id, 1, 0, 3, "/run", "/log", 11.0)
+    assert rep.status == "starting" and rep.pid is None
+    rep = store.update_replica(rep.id, status="live", pid=123, start_ticks=2**40)
+    assert store.replicas(statuses=("live",)) == [rep]
+    assert store.replicas(job.id, attempt=2) == []
+    store.update_replica(rep.id, status="exited", exit_code=0, ended_at=12.0)
+    assert store.replicas(statuses=("live",)) == []
+    store.add_event(None, "controller", "started", 12.0)
+    assert [e.kind for e in store.events(kinds=["controller"])] == ["controller"]
+    store.add_metric(job.id, "accuracy", 0.5, 7, 13.0)
+    assert [(m.name, m.value, m.step) for m in store.metrics(job.id)] == [("accuracy", 0.5, 7)]
+    store.merge_report(job.id, {"a": 1})
+    store.merge_report(job.id, {"b": {"c": [1.5]}})
+    assert store.get_job(job.id).report == {"a": 1, "b": {"c": [1.5]}}
+    assert store.meta_setdefault("k", "v1") == "v1"
+    assert store.meta_setdefault("k", "v2") == "v1"
+    store.meta_set("k", "v3")
+    assert store.meta_get("k") == "v3"
+    token = store.job_token(job.id)
+    assert store.check_job_token(job.id, token)
+    assert not store.check_job_token(job.id, token[:-1] + "x")
+
+
+def test_concurrent_cancel_and_transition_never_both_win(store: Store) -> None:
+    """Two threads race to move a RUNNING job; exactly one terminal state results."""
+    alice, _ = store.create_tenant("alice", 1.0)
+    results: list[str] = []
+    for i in range(5):
+        job = store.create_job(alice, parse_spec(make_spec(name=f"j{i}")), 10.0)
+        store.update_job(job.id, 11.0, state=JobState.RUNNING)
+
+        def move(target: JobState, job_id: str = job.id) -> None:
+            try:
+                store.update_job(job_id, 12.0, state=target, expect=JobState.RUNNING)
+                results.append(target.value)
+            except InvalidTransitionError:
+                results.append("lost")
+
+        threads = [
+            threading.Thread(target=move, args=(t,))
+            for t in (JobState.CANCELLED, JobState.SUCCEEDED)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert store.get_job(job.id).state.is_terminal
+    assert results.count("lost") == 5
+
+
+def test_unusable_database_url_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="accepted"):
+        Store.open("mysql://nobody@localhost/x")
