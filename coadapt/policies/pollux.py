@@ -191,36 +191,48 @@ class _Search:
         row[n] -= 1
         return self.util[j] - self._row_utility(j, row), n
 
-    def transfers(self, max_rounds: int) -> bool:
+    def _grow_estimate(self, j: int) -> float:
+        """Gain of one more GPU for job j on the nodes it already spans (a cheap bound used
+        to short-list receivers)."""
+        pb = self.pb
+        k = int(self.k[j])
+        if k >= pb.max_replicas[j] or (k == 0 and pb.min_replicas[j] > 1):
+            return -np.inf
+        nodes = max(int(np.count_nonzero(self.state[j])), 1)
+        return pb.utility(pb.speedup(j, nodes, k + 1, changed=True)) - float(self.util[j])
+
+    def transfers(self, max_rounds: int, shortlist: int = 48) -> bool:
         """Move single GPUs from cheap donors to the jobs that gain most from them.
 
-        Each round takes the few donors that lose least by giving up one GPU, and for each
-        scores every job taking that GPU on that node (O(J) cheap evaluations per donor);
-        the best move that raises Σ g is applied.
+        Each round takes the few donors that lose least by giving up one GPU, and scores the
+        short-listed receivers (largest estimated gain) taking that GPU on that node; the best
+        move that raises Σ g is applied. Donor and receiver estimates are updated
+        incrementally, so a round costs O(donors × shortlist), not O(J²).
         """
         pb = self.pb
         improved = False
+        shrink = [self._shrink_option(j) for j in range(pb.num_jobs)]
+        estimate = np.array([self._grow_estimate(j) for j in range(pb.num_jobs)])
         for _ in range(max_rounds):
-            options = []
-            for j in range(pb.num_jobs):
-                opt = self._shrink_option(j)
-                if opt is not None:
-                    options.append((opt[0], j, opt[1]))
+            options = sorted(
+                (opt[0], j, opt[1]) for j, opt in enumerate(shrink) if opt is not None
+            )[:6]
             if not options:
                 return improved
-            options.sort()
+            if pb.num_jobs > shortlist:
+                receivers = np.argpartition(-estimate, shortlist - 1)[:shortlist]
+            else:
+                receivers = np.arange(pb.num_jobs)
+            receivers = receivers[np.isfinite(estimate[receivers])]
             best_gain, best_move = 1e-9, (-1, -1, -1)
-            for loss, d, n in options[: min(len(options), 6)]:
+            for loss, d, n in options:
                 self.state[d, n] -= 1  # tentatively: the owner map must see d's new shape
                 self._refresh(d)
                 owner_n = int(self.dist_owner[n])
-                for r in range(pb.num_jobs):
-                    k = int(self.k[r])
-                    if r == d or k >= pb.max_replicas[r]:
+                for r in receivers.tolist():
+                    if r == d:
                         continue
-                    if k == 0 and pb.min_replicas[r] > 1:
-                        continue
-                    if k > 0 and self.state[r, n] == 0 and pb.avoid_interference:
+                    if self.k[r] > 0 and self.state[r, n] == 0 and pb.avoid_interference:
                         # r spreads onto n: it becomes (or stays) distributed there.
                         if owner_n not in (-1, r):
                             continue
@@ -241,6 +253,9 @@ class _Search:
             self._refresh(d)
             self.state[r, n] += 1
             self._refresh(r)
+            for j in (d, r):
+                shrink[j] = self._shrink_option(j)
+                estimate[j] = self._grow_estimate(j)
             improved = True
         return improved
 

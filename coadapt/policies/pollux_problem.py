@@ -201,8 +201,5 @@ class PolluxProblem:
 
     # ------------------------------------------------------------- conversion
     def to_allocations(self, state: IntArray) -> dict[str, Allocation]:
-        return {
-            name: tuple(int(x) for x in state[j])
-            for j, name in enumerate(self.names)
-            if state[j].sum() > 0
-        }
+        rows = np.asarray(state, dtype=np.int64).tolist()  # one conversion, not J×N
+        return {name: tuple(row) for name, row in zip(self.names, rows, strict=True) if any(row)}
