@@ -1,6 +1,12 @@
 """A small CNN on scikit-learn's digits, trained with coadapt.train (adaptive batch + LR).
 
     coadapt run-local -n 2 --checkpoint-dir /tmp/ck examples/digits_cnn.py --epochs 30
+
+Elastic, with replicas forked from a warm process that has imported torch and scikit-learn:
+
+    coadapt run-local -n 1 --elastic --checkpoint-dir /tmp/ck \
+        --preload sklearn.datasets,sklearn.model_selection examples/digits_cnn.py
+    echo 2 > /tmp/ck/replicas && kill -USR1 <run-local pid>
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--timing-file", default=None, help="write per-step times (benchmark)")
+    p.add_argument("--per-sample-fetch", action="store_true",
+                   help="fetch sample by sample + default_collate, as torch's DataLoader does "
+                   "(default: one batched index per tensor)")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -64,20 +73,24 @@ def main() -> None:
         train, batch_size=args.batch_size, seed=args.seed,
         max_batch_size=args.batch_size if args.fixed else args.max_batch_size,
         max_local_bsz=args.max_local_bsz,
+        batched_fetch=False if args.per_sample_fetch else None,
     )
     net = CNN()
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     model = ct.AdaptiveModel(net, opt, loader, retune_every=20)
     start, step_times, t_prev = time.perf_counter(), [], 0.0
+    cpu_times: list[float] = []  # per-step CPU time of this thread: robust to machine load
+    cpu_prev = 0.0
     for epoch in loader.epochs(args.epochs):
         model.train()
         t_prev = 0.0
         for x, y in loader:
             if model.step(F.cross_entropy(model(x), y)):
-                now = time.perf_counter()
+                now, cpu_now = time.perf_counter(), time.thread_time()
                 if t_prev:
                     step_times.append(now - t_prev)
-                t_prev = now
+                    cpu_times.append(cpu_now - cpu_prev)
+                t_prev, cpu_prev = now, cpu_now
                 if args.max_steps is not None and model.steps >= args.max_steps:
                     break
         model.eval()
@@ -97,7 +110,8 @@ def main() -> None:
             break
     if args.timing_file and ctx.rank == 0:
         with open(args.timing_file, "w") as fh:
-            json.dump({"step_times": step_times, "elapsed": time.perf_counter() - start}, fh)
+            json.dump({"step_times": step_times, "step_cpu_times": cpu_times,
+                       "elapsed": time.perf_counter() - start}, fh)
     ct.shutdown()
 
 

@@ -40,8 +40,11 @@ def main() -> None:
         lin.weight.copy_((w_star + delta)[None])
     model = ct.AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.0), loader,
                              grad_smoothing=0.995, measure_every=2)
-    for xb, yb in loader:
-        model.step(nn.functional.mse_loss(model(xb), yb))
+    for _ in loader.epochs(100):  # one optimizer step in measure_every is measured
+        for xb, yb in loader:
+            model.step(nn.functional.mse_loss(model(xb), yb))
+            if model.gns.count >= args.steps:
+                break
         if model.gns.count >= args.steps:
             break
     if ctx.rank == 0:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize
 from numpy.typing import ArrayLike
 
 from coadapt.goodput.model import FloatArray, PerfParams
@@ -199,6 +198,8 @@ def fit_perf_params(
     def scaled(u: FloatArray) -> tuple[float, FloatArray]:
         value, grad = _objective(u * unit, obs, regularization)
         return value, grad * unit
+
+    import scipy.optimize  # deferred: a training replica imports this module, rarely fits
 
     result = scipy.optimize.minimize(
         scaled, x0 / unit, jac=True, method="L-BFGS-B",

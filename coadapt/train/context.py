@@ -48,6 +48,9 @@ def _env_int(env: dict[str, str], name: str, default: int) -> int:
         raise TrainConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+BATCH_MODES = ("adaptive", "fixed_batch", "fixed")
+
+
 @dataclass(frozen=True)
 class TrainEnv:
     """Everything a replica learns from its environment."""
@@ -63,6 +66,10 @@ class TrainEnv:
     metrics_url: str | None = None
     metrics_file: Path | None = None
     restarts: int = 0
+    # How the scheduler treats the batch (its policy's BatchMode): only "adaptive" lets the job
+    # retune (m, s); under "fixed" / "fixed_batch" policies (Tiresias, Optimus, FIFO) it stays
+    # at the submitted batch, as those policies assume.
+    batch_mode: str = "adaptive"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> TrainEnv:
@@ -75,6 +82,10 @@ class TrainEnv:
         nodes = _env_int(env, "COADAPT_NUM_NODES", 1)
         if not 1 <= nodes <= world:
             raise TrainConfigError(f"need 1 <= COADAPT_NUM_NODES <= WORLD_SIZE, got {nodes}")
+        mode = env.get("COADAPT_BATCH_MODE") or "adaptive"
+        if mode not in BATCH_MODES:
+            raise TrainConfigError(f"COADAPT_BATCH_MODE={mode!r} is not one of "
+                                   f"{', '.join(BATCH_MODES)}")
         ckpt = env.get("COADAPT_CHECKPOINT_DIR") or None
         mfile = env.get("COADAPT_METRICS_FILE") or None
         return cls(
@@ -89,6 +100,7 @@ class TrainEnv:
             metrics_url=env.get("COADAPT_METRICS_URL") or None,
             metrics_file=Path(mfile) if mfile else None,
             restarts=_env_int(env, "COADAPT_RESTARTS", 0),
+            batch_mode=mode,
         )
 
 

@@ -9,6 +9,11 @@ and epoch are therefore all that is needed to resume, at any K, with the same da
 
 The last step of an epoch uses ``m' = remaining // (K * (s + 1))`` and drops the fewer than
 ``K * (s + 1)`` samples left over (every replica needs a non-empty batch for the all-reduce).
+
+A plain :class:`~torch.utils.data.TensorDataset` with the default collation is fetched with
+one index per tensor (``t[idx]``) instead of ``m`` ``__getitem__`` calls and a stack: the same
+tensors, without ~10 µs of Python per sample (``batched_fetch``; pass ``False`` for the
+per-sample path that :class:`torch.utils.data.DataLoader` takes).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+import torch
+from torch.utils.data import Dataset, TensorDataset
 from torch.utils.data import default_collate as _default_collate
 
 from coadapt.train.context import TrainConfigError, TrainingContext, current
@@ -59,6 +65,7 @@ class AdaptiveDataLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         context: TrainingContext | None = None,
         name: str = "loader",
+        batched_fetch: bool | None = None,
     ) -> None:
         if batch_size < 1:
             raise TrainConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -80,6 +87,15 @@ class AdaptiveDataLoader:
         self.shuffle = shuffle
         self.seed = seed
         self.collate_fn = collate_fn or _default_collate
+        plain_tensors = (isinstance(dataset, TensorDataset) and collate_fn is None
+                         and type(dataset).__getitem__ is TensorDataset.__getitem__)
+        if batched_fetch and not plain_tensors:
+            raise TrainConfigError("batched_fetch needs a plain TensorDataset and the default "
+                                   "collate_fn")
+        self.batched_fetch = plain_tensors if batched_fetch is None else batched_fetch
+        self._tensors: tuple[torch.Tensor, ...] = (
+            dataset.tensors if self.batched_fetch and isinstance(dataset, TensorDataset)
+            else ())
         self.replicas = self.ctx.world_size
         self.rank = self.ctx.rank
         self.epoch = 0
@@ -127,6 +143,9 @@ class AdaptiveDataLoader:
         return self._perm
 
     def _fetch(self, idx: np.ndarray) -> Any:
+        if self._tensors:  # what default_collate would build, without the per-sample loop
+            index = torch.from_numpy(idx)
+            return [t[index] for t in self._tensors]
         items: Sequence[Any]
         keys = idx.tolist()
         if self._getitems is not None:

@@ -3,6 +3,9 @@
 Training must never wait for, or die because of, the metrics endpoint: records go into a
 bounded queue drained by one daemon thread, which POSTs JSON to ``COADAPT_METRICS_URL`` or
 appends JSON lines to a file. When the queue is full the newest record is dropped and counted.
+``emit`` is O(1) on the training thread (a tuple into the queue); building the record, JSON
+encoding and I/O all happen on the drain thread, which keeps the file open and writes what
+has queued up in one go.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 _STOP = object()
 
@@ -60,36 +63,63 @@ class MetricsSink:
         """Queue one record; never blocks and never raises."""
         if self._thread is None:
             return
-        record = {**self.base, "kind": kind, "time": time.time(), **fields}
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait((kind, time.time(), fields))
         except queue.Full:
             self.dropped += 1
 
-    def _send(self, record: dict[str, Any]) -> None:
-        data = json.dumps(_jsonable(record), allow_nan=False)
-        if self.url is not None:
-            req = urllib.request.Request(
-                self.url, data=data.encode(), headers={"Content-Type": "application/json"},
-                method="POST",
-            )
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                resp.read()
-        elif self.path is not None:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(data + "\n")
+    def _encode(self, item: tuple[str, float, dict[str, Any]]) -> str:
+        kind, when, fields = item
+        record = {**self.base, "kind": kind, "time": when, **fields}
+        return json.dumps(_jsonable(record), allow_nan=False)
+
+    def _post(self, data: str) -> None:
+        if self.url is None:
+            return
+        req = urllib.request.Request(
+            self.url, data=data.encode(), headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            resp.read()
 
     def _drain(self) -> None:
-        while True:
-            record = self._queue.get()
-            try:
-                if record is _STOP:
+        fh: IO[str] | None = None
+        try:
+            while True:
+                items = [self._queue.get()]
+                while True:  # take everything already queued: one write and flush for all
+                    try:
+                        items.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                lines = []
+                for item in items:
+                    if item is _STOP:
+                        continue
+                    try:
+                        data = self._encode(item)
+                        if self.url is not None:
+                            self._post(data)
+                        else:
+                            lines.append(data + "\n")
+                    except Exception:  # the channel is best effort: count and carry on
+                        self.failed += 1
+                if lines and self.path is not None:
+                    try:
+                        if fh is None:
+                            fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+                        fh.write("".join(lines))
+                        fh.flush()
+                    except Exception:
+                        self.failed += len(lines)
+                for _ in items:
+                    self._queue.task_done()
+                if any(item is _STOP for item in items):
                     return
-                self._send(record)
-            except Exception:  # the channel is best effort: count and carry on
-                self.failed += 1
-            finally:
-                self._queue.task_done()
+        finally:
+            if fh is not None:
+                fh.close()
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush what is queued (bounded by ``timeout_s``) and stop the thread."""

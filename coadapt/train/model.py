@@ -4,12 +4,14 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
 
 * backward with the loss scaled for ``s`` accumulation steps (DDP's all-reduce only on the
   sync micro-batch);
-* measures the gradient noise without extra backward passes (see :mod:`coadapt.train.gns`):
-  with K > 1 replicas a DDP comm hook takes each bucket's local squared norm *before* the
-  all-reduce and the global one after; the sum of local norms and the stop flag ride along as
-  two extra elements of the last bucket, so there is no extra collective. With K = 1 it uses
-  the first micro-batch vs the accumulated gradient, or (no accumulation) two consecutive
-  steps every ``measure_every`` steps;
+* measures the gradient noise without extra backward passes (see :mod:`coadapt.train.gns`),
+  on one optimizer step in every ``measure_every`` so its cost (norms, a host sync) is
+  amortised: with K > 1 replicas a DDP comm hook takes each bucket's local squared norm
+  *before* the all-reduce and the global one after; the sum of local norms and the stop flag
+  ride along as two extra elements of the last bucket, so there is no extra collective (the
+  stop flag rides every step, the norms only on measuring steps). With K = 1 it uses the
+  first micro-batch vs the accumulated gradient, or (no accumulation) two consecutive steps,
+  flattened into one buffer so that a single 2×2 Gram matrix gives every norm at once;
 * scales the LR by the rule (AdaScale for SGD, sqrt for adaptive optimisers) for the
   optimizer step only, so any user LR scheduler composes with it;
 * records (nodes, K, m, s, T_iter, T_grad) and every ``retune_every`` steps and at epoch
@@ -41,7 +43,7 @@ from coadapt.goodput import (
 )
 from coadapt.train.context import TrainConfigError
 from coadapt.train.data import AdaptiveDataLoader
-from coadapt.train.gns import GradNoiseEMA, estimate, sq_norm
+from coadapt.train.gns import GradNoiseEMA, estimate
 from coadapt.train.profile import Profile
 
 _ADAPTIVE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
@@ -86,7 +88,8 @@ class AdaptiveModel:
         self.lr_rule: LRRule | str | Callable[[int, int], float] = (
             lr_rule if lr_rule is not None else default_lr_rule(optimizer))
         lr_factor(self.lr_rule, 1, 1)  # validate the rule now, not at the first batch change
-        self.adapt = adapt
+        # The scheduler's policy may fix the batch (COADAPT_BATCH_MODE); then never retune.
+        self.adapt = adapt and self.ctx.env.batch_mode == "adaptive"
         self.retune_every = retune_every
         self.measure_every = measure_every
         self.report_every = report_every
@@ -98,12 +101,13 @@ class AdaptiveModel:
         self._precondition = isinstance(optimizer, _PRECONDITIONED)
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._replicas = self.ctx.world_size
-        self._piece_sqr: float | None = None
-        self._prev_grads: list[torch.Tensor] | None = None
-        self._local_parts: list[torch.Tensor] = []
+        self._piece_scale: float | None = None  # set when _pair[0] holds a piece gradient
+        self._prev_bsz = 0
+        self._pair: torch.Tensor | None = None  # (2, P): piece (or previous) and current grads
+        self._local_sq: torch.Tensor | None = None
         self._global_parts: list[torch.Tensor] = []
         self._extra: torch.Tensor | None = None
-        self._bucket_pinv: dict[int, torch.Tensor | None] = {}
+        self._flags: dict[bool, torch.Tensor] = {}
         self._warmup = _WARMUP_STEPS
         self._stop_pending = False
         self._stepped = False
@@ -171,36 +175,79 @@ class AdaptiveModel:
         params: list[torch.Tensor] = [p for p in self._params if p.grad is not None]
         return [p.grad for p in params if p.grad is not None], params
 
+    def _flatten(self, row: int) -> bool:
+        """Copy the current gradients into row ``row`` of the (2, P) buffer (one ``cat``)."""
+        grads, _ = self._grads()
+        total = sum(g.numel() for g in grads)
+        pair = self._pair
+        if pair is None or pair.shape[1] != total:
+            if row == 1:
+                return False  # the gradient set changed since row 0 was filled
+            dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else (
+                torch.float32)
+            pair = self._pair = torch.zeros(2, total, dtype=dtype, device=self.ctx.device)
+        torch.cat([g.detach().reshape(-1) for g in grads], out=pair[row])
+        return True
+
+    def _gram(self) -> list[list[float]]:
+        """[[|a|², a·b], [a·b, |b|²]] of the two (pre-conditioned) rows, one host sync."""
+        pair = self._pair
+        if pair is None:
+            raise TrainConfigError("no flattened gradients to measure")
+        _, params = self._grads()
+        pinv = self._pinv(params)
+        if pinv is not None:
+            pair = pair / torch.cat([t.reshape(-1) for t in pinv]).to(pair.dtype)
+        gram: list[list[float]] = torch.mm(pair, pair.t()).tolist()
+        return gram
+
     # -- DDP comm hook (K > 1) ------------------------------------------------------------
     def _comm_hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[
             torch.Tensor]:
+        """All-reduce (mean) one bucket; on measuring steps also take its squared norms.
+
+        Every step the last bucket carries two extra elements, [Σ local |g|², stop flag], so
+        the replicas agree on stopping at the same step without an extra collective; the
+        norms themselves (one dot product per bucket before and after) are only computed on
+        one step in ``measure_every``.
+        """
         buf = bucket.buffer()
-        pinv: torch.Tensor | None = None
-        if self._precondition:
-            parts = self._pinv(list(bucket.parameters()))
-            if parts is not None:
-                flat = torch.cat([t.reshape(-1) for t in parts])
-                pinv = flat if flat.numel() == buf.numel() else None
-        self._local_parts.append(_flat_sq(buf, pinv))
         world = self._replicas
+        measure = self.steps % self.measure_every == 0
+        pinv: torch.Tensor | None = None
+        if measure:
+            if self._precondition:
+                parts = self._pinv(list(bucket.parameters()))
+                if parts is not None:
+                    flat = torch.cat([t.reshape(-1) for t in parts])
+                    pinv = flat if flat.numel() == buf.numel() else None
+            sq = _flat_sq(buf, pinv)
+            self._local_sq = sq if self._local_sq is None else self._local_sq + sq
         if bucket.is_last():
-            extra = torch.stack([torch.stack(self._local_parts).sum(),
-                                 torch.tensor(1.0 if self.ctx.stop_requested else 0.0)])
-            self._local_parts = []
+            stop = self.ctx.stop_requested
+            if measure and self._local_sq is not None:
+                extra = torch.stack([self._local_sq.to(buf.dtype),
+                                     self._flag(stop, buf)[1]])
+            else:
+                extra = self._flag(stop, buf)
+            self._local_sq = None
             n = buf.numel()
-            send = torch.cat([buf, extra.to(buf.dtype).to(buf.device)]).div_(world)
+            send = torch.cat([buf, extra]).div_(world)
             fut = dist.all_reduce(send, async_op=True).get_future()
 
             def done_last(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
                 out = f.value()[0]
                 buf.copy_(out[:n])
-                self._extra = out[n:].detach().to("cpu", torch.float64)
-                self._global_parts.append(_flat_sq(buf, pinv))
+                self._extra = out[n:]
+                if measure:
+                    self._global_parts.append(_flat_sq(buf, pinv))
                 return buf
 
             return fut.then(done_last)
         buf.div_(world)
         fut = dist.all_reduce(buf, async_op=True).get_future()
+        if not measure:
+            return fut.then(_first)
 
         def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out = f.value()[0]
@@ -208,6 +255,14 @@ class AdaptiveModel:
             return out
 
         return fut.then(done)
+
+    def _flag(self, stop: bool, like: torch.Tensor) -> torch.Tensor:
+        """The cached [0, stop] pair in the bucket's dtype and device (no per-step alloc)."""
+        flag = self._flags.get(stop)
+        if flag is None or flag.dtype != like.dtype or flag.device != like.device:
+            flag = self._flags[stop] = torch.tensor([0.0, 1.0 if stop else 0.0],
+                                                    dtype=like.dtype, device=like.device)
+        return flag
 
     # -- the training step ----------------------------------------------------------------
     def step(self, loss: torch.Tensor) -> bool:
@@ -221,9 +276,10 @@ class AdaptiveModel:
         sync = loader.is_sync_step
         (loss / (s + 1) if s > 0 else loss).backward()
         if not sync:
-            if loader.micro_index == 0 and self.ddp is None:
-                grads, params = self._grads()
-                self._piece_sqr = float(sq_norm(grads, self._pinv(params))) * (s + 1) ** 2
+            if (loader.micro_index == 0 and self.ddp is None
+                    and self.steps % self.measure_every == 0):
+                # The first micro-batch's gradient, scaled back from loss / (s + 1).
+                self._piece_scale = float((s + 1) ** 2) if self._flatten(0) else None
             if self._warmup <= 0:
                 self.profile.record_grad(self._key(), time.perf_counter() - loader.fetch_start)
             return False
@@ -265,41 +321,41 @@ class AdaptiveModel:
                 self.loader.accum_steps)
 
     def _measure_distributed(self) -> bool:
+        """Update the noise estimate; return the *agreed* stop flag.
+
+        Only the all-reduced flag may decide: a SIGTERM that lands on one rank after its hook
+        sent 0 is carried by the next step's all-reduce, whereas stopping on the local flag
+        now would leave that rank in a barrier while the others run the next step (deadlock).
+        """
         extra, parts = self._extra, self._global_parts
-        self._extra, self._global_parts, self._local_parts = None, [], []
-        if extra is None or not parts:
-            return self.ctx.stop_requested
-        total = float(torch.stack(parts).sum())
+        self._extra, self._global_parts, self._local_sq = None, [], None
+        if extra is None:  # no bucket was reduced, so there is nothing to agree with
+            return False
+        if not parts:  # not a measuring step: only the stop flag (one host read)
+            return float(extra[1]) > 0
+        values = torch.cat([extra, torch.stack(parts).sum().reshape(1)]).tolist()
         piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
-        self.gns.update(*estimate(float(extra[0]), total, piece_bsz, self._replicas))
-        return bool(extra[1] > 0) or self.ctx.stop_requested
+        self.gns.update(*estimate(values[0], values[2], piece_bsz, self._replicas))
+        return values[1] > 0
 
     def _measure_single(self) -> None:
+        """K = 1: noise from micro-batch pieces, or from two consecutive steps (s = 0)."""
         s = self.loader.accum_steps
         m = self.loader.step_local_bsz
+        scale, self._piece_scale = self._piece_scale, None
         if s > 0:
-            if self._piece_sqr is None:
+            if scale is None or not self._flatten(1):
                 return
-            grads, params = self._grads()
-            total = float(sq_norm(grads, self._pinv(params)))
-            self.gns.update(*estimate(self._piece_sqr, total, m, s + 1))
-            self._piece_sqr = None
+            (piece, _), (_, total) = self._gram()
+            self.gns.update(*estimate(piece * scale, total, m, s + 1))
             return
-        if self._prev_grads is not None:
-            grads, params = self._grads()
-            prev, self._prev_grads = self._prev_grads, None
-            if len(prev) != len(grads) or self._prev_bsz != m:
+        if scale is not None:  # _pair[0] holds the previous step's gradient
+            if self._prev_bsz != m or not self._flatten(1):
                 return
-            pinv = self._pinv(params)
-            piece = 0.5 * float(sq_norm(prev, pinv) + sq_norm(grads, pinv))
-            total = 0.25 * float(sq_norm(list(torch._foreach_add(prev, grads)), pinv))
-            self.gns.update(*estimate(piece, total, m, 2))
-        elif self.steps % self.measure_every == self.measure_every - 1:
-            grads, _ = self._grads()
-            self._prev_grads = [g.detach().clone() for g in grads]
-            self._prev_bsz = m
-
-    _prev_bsz = 0
+            (a, ab), (_, b) = self._gram()
+            self.gns.update(*estimate(0.5 * (a + b), 0.25 * (a + b + 2.0 * ab), m, 2))
+        elif self.steps % self.measure_every == self.measure_every - 1 and self._flatten(0):
+            self._piece_scale, self._prev_bsz = 1.0, m
 
     def _optimizer_step(self) -> None:
         factor = self.lr_scale
@@ -384,7 +440,7 @@ class AdaptiveModel:
         if choice != (loader.local_bsz, loader.accum_steps):
             loader.set_batch(*choice)
             self._warmup = _WARMUP_STEPS
-            self._piece_sqr, self._prev_grads = None, None
+            self._piece_scale = None
             self.ctx.metrics.emit("batch", step=self.steps, local_bsz=choice[0],
                                   accum_steps=choice[1], batch_size=loader.batch_size)
         self._update_lr_scale()
@@ -424,6 +480,10 @@ class AdaptiveModel:
 def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:
     x = buf if pinv is None else buf / pinv
     return torch.dot(x, x)
+
+
+def _first(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    return f.value()[0]
 
 
 def _comm_device(model: AdaptiveModel) -> torch.device:

@@ -78,3 +78,52 @@ def test_one_two_one_replicas_keep_state_and_data_order(tmp_path: Path,
     got = [s["indices"] for s in steps(records)]
     assert got == [s["indices"] for s in steps(uninterrupted)][:len(got)]
     assert steps(records)[-1]["step"] == 30
+
+
+def test_elastic_run_local_rescales_through_the_zygote(tmp_path: Path,
+                                                       uninterrupted: list[dict]) -> None:
+    """1 → 2 replicas inside one ``run-local --elastic`` job: SIGUSR1 + control file."""
+    log, ck = tmp_path / "log", tmp_path / "ck"
+    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "1", "--elastic",
+           "--checkpoint-dir", str(ck), str(TINY), "--log", str(log), "--max-steps", "30",
+           "--hold-at-step", "6"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None and not (
+                log.exists() and len(steps(read_log(log))) >= 6):
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job ended before it could be rescaled"
+        (ck / "replicas").write_text("2\n")
+        proc.send_signal(signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=90)  # the 2-replica job runs to step 30 and ends
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "[launch] rescale 1 -> 2 replicas" in text
+
+    records = read_log(log)
+    starts = [i for i, r in enumerate(records) if r["event"] == "start"]
+    assert [records[i]["world"] for i in starts] == [1, 2]
+    restart = records[starts[1]]
+    # Asked to stop while held after step 6 → checkpoint at the next boundary, step 7; the
+    # forked replicas resumed from it bit-identically.
+    assert restart["restored"] and restart["steps"] == 7
+    assert restart["hash"] == records[starts[1] - 1]["hash"]
+    got = [s["indices"] for s in steps(records)]
+    assert got == [s["indices"] for s in steps(uninterrupted)]
+    assert steps(records)[-1]["step"] == 30
+
+
+def test_launcher_imports_nothing_heavy() -> None:
+    """The launcher must spawn in milliseconds: no torch, numpy or scipy at import."""
+    code = ("import sys, coadapt.train.launch, coadapt.train\n"
+            "heavy = [m for m in ('torch', 'numpy', 'scipy') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coadapt.train import MetricsSink, TrainConfigError, TrainEnv
-from coadapt.train.launch import launch, replica_env
+from coadapt.train.launch import LaunchError, launch, replica_env
 
 
 def test_file_sink_writes_json_lines(tmp_path: Path) -> None:
@@ -43,12 +43,21 @@ def test_env_parsing() -> None:
     assert e["MASTER_PORT"] == "1234" and e["GLOO_SOCKET_IFNAME"] == "lo"
 
 
-def test_launch_streams_prefixed_output_and_worst_exit_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zygote", [False, True], ids=["cold", "zygote"])
+def test_launch_streams_prefixed_output_and_worst_exit_code(tmp_path: Path,
+                                                            zygote: bool) -> None:
     script = tmp_path / "s.py"
     # Rank 1 fails late, so rank 0 has exited cleanly and is not terminated as a bystander.
-    script.write_text("import os, sys, time\nr = int(os.environ['RANK'])\nprint('hello', r)\n"
+    script.write_text("import os, sys, time\nr = int(os.environ['RANK'])\n"
+                      "print('hello', r, sys.argv[1:], __name__)\n"
                       "time.sleep(2.0 * r)\nsys.exit(r * 3)\n")
     out = io.StringIO()
-    assert launch(str(script), [], 2, out=out) == 3
+    assert launch(str(script), ["a", "b"], 2, out=out, zygote=zygote) == 3
     text = out.getvalue()
-    assert "[0] hello 0" in text and "[1] hello 1" in text
+    assert "[0] hello 0 ['a', 'b'] __main__" in text
+    assert "[1] hello 1 ['a', 'b'] __main__" in text
+
+
+def test_elastic_needs_a_control_file() -> None:
+    with pytest.raises(LaunchError, match="control-file"):
+        launch("x.py", [], 1, elastic=True)

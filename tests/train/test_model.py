@@ -50,8 +50,11 @@ def test_pgns_matches_closed_form(ctx: TrainingContext, accum: int) -> None:
     assert loader.accum_steps == accum
     opt = torch.optim.SGD(lin.parameters(), lr=0.0)  # keep w fixed: the truth is constant
     model = AdaptiveModel(lin, opt, loader, grad_smoothing=0.99, measure_every=2)
-    for x, y in loader:
-        model.step(nn.functional.mse_loss(model(x), y))
+    for _ in loader.epochs(4):  # one step in measure_every is measured
+        for x, y in loader:
+            model.step(nn.functional.mse_loss(model(x), y))
+            if model.gns.count >= 300:
+                break
         if model.gns.count >= 300:
             break
     assert model.gns.count >= 300
@@ -154,3 +157,12 @@ def test_checkpoint_roundtrip_restores_everything(tmp_path: Path, ctx: TrainingC
     assert loader2.position == 24 and model2.steps == 3
     assert torch.equal(lin2.weight, lin.weight) and opt2.param_groups[0]["lr"] == 0.005
     assert model2.gns.count == model.gns.count
+
+
+def test_batch_mode_from_the_scheduler_is_read_and_validated() -> None:
+    from coadapt.train.context import TrainConfigError, TrainEnv
+
+    assert TrainEnv.from_env({}).batch_mode == "adaptive"
+    assert TrainEnv.from_env({"COADAPT_BATCH_MODE": "fixed"}).batch_mode == "fixed"
+    with pytest.raises(TrainConfigError, match="COADAPT_BATCH_MODE"):
+        TrainEnv.from_env({"COADAPT_BATCH_MODE": "elastic"})

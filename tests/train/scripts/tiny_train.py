@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 
 import torch
 from torch import nn
@@ -34,6 +35,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--stop-at-step", type=int, default=None, help="rank 0 SIGTERMs itself")
     p.add_argument("--adam", action="store_true")
+    p.add_argument("--hold-at-step", type=int, default=None,
+                   help="at one replica, wait after this step until asked to stop (rescale)")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -64,6 +67,10 @@ def main() -> None:
                      "indices": loader.last_global_indices.tolist()})
                 if ctx.rank == 0 and model.steps == args.stop_at_step:
                     os.kill(os.getpid(), signal.SIGTERM)
+                if ctx.world_size == 1 and model.steps == args.hold_at_step:
+                    deadline = time.monotonic() + 60  # bounded: the test SIGTERMs us
+                    while not ctx.stop_requested and time.monotonic() < deadline:
+                        time.sleep(0.01)
                 if model.steps >= args.max_steps:
                     done = True
                     break

@@ -1,0 +1,259 @@
+"""The warm fork server ("zygote") behind ``coadapt run-local``: import once, fork replicas.
+
+``import torch`` costs seconds per process, and K replicas starting at once on a small machine
+import it concurrently, which is most of a rescale's latency. The launcher (which imports
+nothing heavy) starts this helper once per job; it imports torch, ``coadapt.train`` and any
+``--preload`` modules *before* any thread pool starts and *without running a single torch op*
+(an initialised OpenMP pool does not survive ``fork``), then serves requests over an
+``AF_UNIX``/``SOCK_SEQPACKET`` socket inherited from the launcher:
+
+* ``spawn`` (JSON, with the replica's stdout/stderr pipe passed as ``SCM_RIGHTS``): fork; the
+  child wires its stdio to the pipe, takes the replica's environment (RANK, WORLD_SIZE,
+  MASTER_PORT, ...), argv, cwd and fresh RNG seeds, and runs the script with
+  ``runpy.run_path(script, run_name="__main__")`` — exactly what ``python script.py`` would
+  do, minus the imports already done. Replies ``spawned`` with the child's pid.
+* ``signal``: deliver a signal to a child. The zygote is the parent, so a child it has not
+  reaped yet cannot have had its pid reused: no race against pid recycling.
+
+It reports every child's exit (``exit`` with a shell-style code) and, when the launcher's end
+of the socket closes, terminates its children and exits. Environment variables that libraries
+read at import time (OMP_NUM_THREADS, ...) come from the launcher's environment, as they are
+the same for every replica anyway.
+
+Run as ``python -m coadapt.train.zygote --fd N [--preload a,b]`` by the launcher only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import importlib
+import io
+import json
+import os
+import random
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import warnings
+from typing import Any
+
+# Imported before any fork so children find them in sys.modules.
+DEFAULT_PRELOAD = (
+    "torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch.optim",
+    "torch._dynamo",  # the first optimizer imports it: ~2 s per replica otherwise
+    "coadapt.train.checkpoint", "coadapt.train.context", "coadapt.train.data",
+    "coadapt.train.gns", "coadapt.train.metrics", "coadapt.train.model",
+    "coadapt.train.profile",
+)
+MAX_MESSAGE = 1 << 20
+_KILL_AFTER_S = 10.0
+
+
+class ZygoteProtocolError(RuntimeError):
+    """The launcher sent a request the zygote cannot understand."""
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One JSON message per SEQPACKET record (with file descriptors attached, if any)."""
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def preload(modules: list[str]) -> list[str]:
+    """Import ``modules``; return one warning line per module that failed to import."""
+    problems = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a bad --preload must not take the job down: warn instead
+            problems.append(f"cannot preload {name}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status ``python script.py`` would exit with after ``raise SystemExit(code)``."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _reset_child_state(stdio_fd: int, env: dict[str, str], cwd: str) -> None:
+    """Make the forked child look like a fresh ``python script.py`` process."""
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(stdio_fd, 1)
+    os.dup2(stdio_fd, 2)
+    os.close(stdio_fd)
+    encoding = sys.stdout.encoding if sys.stdout is not None else "utf-8"
+    # Line-buffered and written through, as PYTHONUNBUFFERED=1 gives a cold replica.
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding=encoding, line_buffering=True,
+        write_through=True)
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding=encoding, errors="backslashreplace",
+        line_buffering=True, write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    # Every child would otherwise inherit the zygote's RNG states.
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+
+
+def _run_child(sock: socket.socket, extra_fds: list[int], stdio_fd: int,
+               request: dict[str, Any]) -> None:
+    """Body of a forked replica; never returns."""
+    code = 1
+    try:
+        sock.close()
+        for fd in extra_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _reset_child_state(stdio_fd, request["env"], request["cwd"])
+        script = str(request["script"])
+        sys.argv = [script, *request["argv"]]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc)
+        except KeyboardInterrupt:
+            traceback.print_exc()
+            code = 130
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        # What interpreter shutdown would do: join non-daemon threads, run atexit handlers.
+        shutdown_threads = getattr(threading, "_shutdown", None)
+        if shutdown_threads is not None:
+            shutdown_threads()
+        atexit._run_exitfuncs()
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                if stream is not None:
+                    stream.flush()
+        os._exit(code)
+
+
+class Zygote:
+    """The server loop: spawn and signal requests in, spawned and exit reports out."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.children: set[int] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def serve(self) -> int:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        # The launcher handles SIGINT/SIGTERM for the job; the zygote ends when its socket does.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            ready, _, _ = select.select([self.sock.fileno(), self._wake_r], [], [], 1.0)
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wake_r, 512):
+                        pass
+            self._reap()
+            if self.sock.fileno() in ready:
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 4)
+                if not data:
+                    for fd in fds:
+                        os.close(fd)
+                    return self._finish()
+                self._handle(json.loads(data), fds)
+
+    def _handle(self, request: dict[str, Any], fds: list[int]) -> None:
+        op = request.get("op")
+        if op == "spawn":
+            if len(fds) != 1:
+                raise ZygoteProtocolError(f"spawn needs one stdio descriptor, got {len(fds)}")
+            pid = os.fork()
+            if pid == 0:
+                _run_child(self.sock, [self._wake_r, self._wake_w], fds[0], request)
+            os.close(fds[0])
+            self.children.add(pid)
+            send(self.sock, {"event": "spawned", "id": request["id"], "pid": pid})
+        elif op == "signal":
+            pid = int(request["pid"])
+            if pid in self.children:  # not reaped yet, so the pid is still this child's
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, int(request["signal"]))
+        else:
+            raise ZygoteProtocolError(f"unknown request {op!r}")
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            with contextlib.suppress(OSError):
+                send(self.sock, {"event": "exit", "pid": pid,
+                                 "code": os.waitstatus_to_exitcode(status)})
+
+    def _finish(self) -> int:
+        """The launcher is gone: do not leave replicas behind."""
+        for sig, wait_s in ((signal.SIGTERM, _KILL_AFTER_S), (signal.SIGKILL, 5.0)):
+            for pid in self.children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait_s
+            while self.children and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.01)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coadapt.train.zygote")
+    parser.add_argument("--fd", type=int, required=True, help="inherited SEQPACKET socket")
+    parser.add_argument("--preload", default="", help="extra modules, comma-separated")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    extra = [m.strip() for m in args.preload.split(",") if m.strip()]
+    problems = preload([*DEFAULT_PRELOAD, *extra])
+    for line in problems:
+        print(f"coadapt zygote: warning: {line}", file=sys.stderr, flush=True)
+    # Python 3.12+ warns on fork() in a process with OS threads (BLAS pools, which install
+    # fork handlers); the zygote forks by design and has run no torch op.
+    warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+    send(sock, {"event": "ready", "problems": problems})
+    return Zygote(sock).serve()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
