@@ -23,11 +23,13 @@ from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from coadapt import __version__
 from coadapt.controller.errors import ControllerError, ForbiddenError, NotFoundError, SpecError
+from coadapt.controller.prom import metrics_registry
 from coadapt.controller.snapshot import speedup
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState, check_transition
@@ -270,6 +272,20 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "round": ctx.round_info(),
             "jobs": jobs,
         }
+
+    registry = metrics_registry(store, ctx.slots)
+
+    @app.get("/metrics", tags=["meta"], response_class=Response)
+    def prometheus_metrics(me: Auth) -> Response:
+        """Prometheus text exposition of the cluster and its active jobs (admin token only).
+
+        Authenticated like the rest of the API: the series span every tenant's jobs (the
+        admin's cluster view), so a scraper sends ``Authorization: Bearer ADMIN_TOKEN``; no or
+        an unknown token is a 401, a tenant's token a 403 (as for creating tenants).
+        """
+        if not me.is_admin:
+            raise ForbiddenError("only the admin token can scrape /metrics")
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
