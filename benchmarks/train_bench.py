@@ -213,7 +213,16 @@ def tta(adaptive: bool, target: float) -> float:
     return float(match.group(1))
 
 
-PARTS = ("overhead", "rescale", "pgns", "tta")
+def inproc_overhead(tmp: Path) -> dict[str, float]:
+    """Library vs plain loop alternating in one process (benchmarks/inproc_overhead.py)."""
+    out = tmp / "inproc.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "inproc_overhead.py"),
+                    "--json", str(out)], cwd=ROOT, env=_env(), check=True,
+                   capture_output=True, timeout=600)
+    return dict(json.loads(out.read_text()))
+
+
+PARTS = ("overhead", "inproc", "rescale", "pgns", "tta")
 
 
 def main() -> int:
@@ -238,6 +247,10 @@ def main() -> int:
                 res[f"overhead_cpu_batched_{k}r"] = ov["cpu_ratio_batched"]
                 res[f"step_ms_{k}r"] = ov["step_ms"]
                 res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
+        if "inproc" in parts:
+            inproc = inproc_overhead(tmp)
+            res["overhead_inproc_1r"] = inproc["overhead_inproc_1r"]
+            res["overhead_inproc_batched_1r"] = inproc["overhead_inproc_batched_1r"]
         if "rescale" in parts:
             res["rescale_s"] = rescale_elastic(tmp)
             res["rescale_cold_s"] = rescale_cold(tmp)
@@ -253,7 +266,8 @@ def main() -> int:
     print(f"{'metric':<26}{'value':>10}  goal")
     for key in ("overhead_1r", "overhead_2r", "overhead_batched_1r", "overhead_batched_2r",
                 "overhead_cpu_1r", "overhead_cpu_2r", "overhead_cpu_batched_1r",
-                "overhead_cpu_batched_2r", "rescale_s", "rescale_cold_s", "pgns_rel_err",
+                "overhead_cpu_batched_2r", "overhead_inproc_1r", "overhead_inproc_batched_1r",
+                "rescale_s", "rescale_cold_s", "pgns_rel_err",
                 "tta_adaptive_s", "tta_fixed_s"):
         if key not in res:
             continue
