@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from coadapt.policies import make_policy
@@ -78,8 +79,17 @@ def main() -> int:
 
     tasks = [(p, w, args.seed) for p in args.policies for w in args.workloads]
     started = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
-        runs = pool.map(run_one, tasks, chunksize=1)
+    runs: list[Run] = []
+    with (
+        multiprocessing.get_context("spawn").Pool(args.processes) as pool,
+        Progress(console=Console(stderr=True)) as progress,
+    ):
+        bar = progress.add_task("simulating", total=len(tasks))
+        for run in pool.imap_unordered(run_one, tasks):
+            runs.append(run)
+            progress.advance(bar)
+            progress.console.log(f"{run.policy} workload-{run.workload}: "
+                                 f"{run.avg_jct_s / 3600:.3f} h ({run.wall_s:.0f} s wall)")
     total_wall = time.perf_counter() - started
 
     console = Console()

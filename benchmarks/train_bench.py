@@ -236,10 +236,16 @@ def main() -> int:
     args = p.parse_args()
     parts = set(args.parts.split(","))
     res: dict[str, Any] = {}
+
+    def log(message: str) -> None:  # progress on stderr; the table goes to stdout
+        print(f"[train_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
+              flush=True)
+
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if "overhead" in parts:
             for k in (1, 2):
+                log(f"overhead at {k} replica(s): {args.repeats} interleaved repeats")
                 ov = overhead(k, tmp, args.steps, args.repeats)
                 res[f"overhead_{k}r"] = ov["ratio"]
                 res[f"overhead_batched_{k}r"] = ov["ratio_batched"]
@@ -248,17 +254,21 @@ def main() -> int:
                 res[f"step_ms_{k}r"] = ov["step_ms"]
                 res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
         if "inproc" in parts:
+            log("in-process overhead")
             inproc = inproc_overhead(tmp)
             res["overhead_inproc_1r"] = inproc["overhead_inproc_1r"]
             res["overhead_inproc_batched_1r"] = inproc["overhead_inproc_batched_1r"]
         if "rescale" in parts:
+            log("rescale: elastic (warm fork-server), then cold")
             res["rescale_s"] = rescale_elastic(tmp)
             res["rescale_cold_s"] = rescale_cold(tmp)
         if "pgns" in parts:
+            log("gradient noise scale vs the closed form")
             errs = pgns_errors(tmp)
             res["pgns_rel_err"] = max(errs.values())
             res["pgns_rel_err_by_estimator"] = errs
         if "tta" in parts:
+            log(f"time to {args.target_accuracy:.0%} accuracy, adaptive and fixed")
             res["tta_target"] = args.target_accuracy
             res["tta_adaptive_s"] = tta(True, args.target_accuracy)
             res["tta_fixed_s"] = tta(False, args.target_accuracy)
