@@ -9,6 +9,9 @@ of the jobs are already running. Same seed, same snapshots.
 
 Goals (issue 2): pollux <= 100 ms at 64 GPUs and <= 1 s at 2048 GPUs on 2 cores, fitness >=
 pollux-ga's wherever both ran. The GA is skipped above ``--ga-max-gpus`` (minutes per round).
+The GA is reported cold (one round from the current allocation, as the first round of a live
+scheduler) and warm (after ``--ga-warm-rounds`` rounds with its population carried over);
+"vs best GA" compares with the better of the two.
 """
 
 from __future__ import annotations
@@ -116,6 +119,18 @@ def make_snapshot(gpus: int, jobs: int, seed: int, apps: dict[str, AppTrace]) ->
     return ClusterSnapshot(now=now, nodes=nodes, jobs=infos, current=current)
 
 
+def warm_ga_fitness(snap: ClusterSnapshot, rounds: int) -> float:
+    """The GA's fitness after ``rounds`` rounds on the same snapshot, its population carried
+    over as in a live scheduler — the GA's best case, not a cold start."""
+    policy = make_policy("pollux-ga")
+    rng = np.random.default_rng(0)
+    fitness = float("nan")
+    for _ in range(rounds):
+        policy.optimize(snap, rng)
+        fitness = float(getattr(policy, "last_fitness", float("nan")))
+    return fitness
+
+
 def run_policy(name: str, snap: ClusterSnapshot, repeats: int) -> tuple[float, float]:
     times = []
     fitness = float("nan")
@@ -135,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds per pollux timing")
     parser.add_argument("--ga-max-gpus", type=int, default=256)
     parser.add_argument("--sizes", type=str, default=None, help="e.g. 64x32,256x128")
+    parser.add_argument("--ga-warm-rounds", type=int, default=5,
+                        help="also run the GA this many rounds with its population carried "
+                        "over (0: skip)")
     args = parser.parse_args(argv)
     sizes = SIZES
     if args.sizes:
@@ -143,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     apps = {name: load_app(name) for name in APPS}
     results = []
     table = Table(title="One scheduling round (median ms; FITNESS_p, p = -1)")
-    for col in ("GPUs", "jobs", "policy", "latency ms", "fitness", "vs GA"):
+    for col in ("GPUs", "jobs", "policy", "latency ms", "fitness", "vs best GA"):
         table.add_column(col, justify="right")
     for gpus, jobs in sizes:
         snap = make_snapshot(gpus, jobs, args.seed + gpus + jobs, apps)
@@ -155,13 +173,22 @@ def main(argv: list[str] | None = None) -> int:
         if gpus <= args.ga_max_gpus:
             console.log(f"{gpus} GPUs / {jobs} jobs: pollux-ga (100 x 100)")
             ga_ms, ga_fit = run_policy("pollux-ga", snap, 1)
-            results.append({"gpus": gpus, "jobs": jobs, "policy": "pollux-ga",
-                            "latency_ms": ga_ms, "fitness": ga_fit})
+            row = {"gpus": gpus, "jobs": jobs, "policy": "pollux-ga", "latency_ms": ga_ms,
+                   "fitness": ga_fit}
+            if args.ga_warm_rounds > 0:
+                console.log(f"{gpus} GPUs / {jobs} jobs: pollux-ga, {args.ga_warm_rounds} "
+                            "warm rounds")
+                row["fitness_warm"] = warm_ga_fitness(snap, args.ga_warm_rounds)
+                ga_fit = max(ga_fit, row["fitness_warm"])
+            results.append(row)
         ratio = f"{fit / ga_fit:.3f}x" if ga_fit else "GA skipped"
         table.add_row(str(gpus), str(jobs), "pollux", f"{ms:.1f}", f"{fit:.4f}", ratio)
         if ga_fit is not None:
-            table.add_row(str(gpus), str(jobs), "pollux-ga", f"{results[-1]['latency_ms']:.0f}",
-                          f"{ga_fit:.4f}", "")
+            last = results[-1]
+            warm = last.get("fitness_warm")
+            shown = f"{last['fitness']:.4f}" + (f" (warm {warm:.4f})" if warm is not None else "")
+            table.add_row(str(gpus), str(jobs), "pollux-ga", f"{last['latency_ms']:.0f}",
+                          shown, "")
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
