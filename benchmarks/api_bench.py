@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coadapt.controller.client import Client  # noqa: E402
+from coadapt.controller.subprocess_server import running_controller  # noqa: E402
 
 SPEC = {
     "name": "bench",
@@ -46,49 +43,14 @@ SPEC = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def bench_api(jobs: int, clients: int, policy: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(Path(tmp) / "server.log", "wb")  # noqa: SIM115
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "coadapt.controller",
-                "server",
-                "--state-dir",
-                str(state),
-                "--port",
-                str(port),
-                "--slots",
-                "4",
-                "--policy",
-                policy,
-                "--interval",
-                "60",
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        try:
-            probe = Client(url, None)
-            deadline = time.monotonic() + 60
-            while not probe.healthy():
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("controller did not start")
-                time.sleep(0.2)
-            probe.close()
-            token = (state / "admin-token").read_text().strip()
+        state.mkdir(parents=True)
+        server_args = ["--slots", "4", "--policy", policy, "--interval", "60"]
+        with running_controller(state, Path(tmp) / "server.log", server_args) as controller:
+            url = controller.url
+            token = controller.admin_token
             latencies: list[float] = []
             ids: list[str] = []
             errors: list[str] = []
@@ -135,13 +97,6 @@ def bench_api(jobs: int, clients: int, policy: str) -> dict[str, Any]:
                 "max_ms": float(lat.max()),
                 "mean_ms": float(lat.mean()),
             }
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-            log.close()
 
 
 def bench_round(jobs: int, policy: str, rounds: int, slots: int) -> dict[str, Any]:

@@ -10,11 +10,6 @@ timeline of the allocations.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +21,7 @@ from rich.table import Table
 
 from coadapt.controller.client import Client, ClientError
 from coadapt.controller.specfile import load_spec_file
+from coadapt.controller.subprocess_server import ControllerStartError, running_controller
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -48,12 +44,6 @@ DEFAULT_JOBS = (
     DemoJob("digits_cnn.yaml", 40, "digits-b", ("--epochs", "100", "--seed", "1")),
     DemoJob("cancer_mlp.yaml", 70, "cancer-b", ("--epochs", "150", "--seed", "1")),
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _override(args: list[str], extra: tuple[str, ...]) -> list[str]:
@@ -169,66 +159,21 @@ def run_live_demo(
     if missing:
         console.print(f"[red]coadapt demo: examples not found: {missing} (in {EXAMPLES})")
         return 2
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(out_dir / "controller.log", "ab")  # noqa: SIM115 - closed in finally
-    root = str(Path(__file__).resolve().parents[2])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-    }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "coadapt.controller",
-            "server",
-            "--state-dir",
-            str(state),
-            "--port",
-            str(port),
-            "--slots",
-            str(slots),
-            "--policy",
-            policy,
-            "--interval",
-            str(interval),
-            "--tick",
-            "0.5",
-            "--restart-delay",
-            "5",
-            "--stop-grace",
-            "30",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    client: Client | None = None
+    server_args = ["--slots", str(slots), "--policy", policy, "--interval", str(interval),
+                   "--tick", "0.5", "--restart-delay", "5", "--stop-grace", "30"]
     try:
-        deadline = time.monotonic() + 60
-        probe = Client(url, None)
-        while not probe.healthy():
-            if server.poll() is not None or time.monotonic() > deadline:
-                console.print(f"[red]controller did not start; see {out_dir / 'controller.log'}")
-                return 1
-            time.sleep(0.2)
-        probe.close()
-        client = Client(url, (state / "admin-token").read_text().strip())
-        return _drive(client, jobs, slots, out_dir, timeout, console)
+        with (
+            running_controller(state, out_dir / "controller.log", server_args,
+                               stop_timeout=15) as controller,
+            Client(controller.url, controller.admin_token) as client,
+        ):
+            return _drive(client, jobs, slots, out_dir, timeout, console)
+    except ControllerStartError as exc:
+        console.print(f"[red]coadapt demo: {exc}")
+        return 1
     except ClientError as exc:
         console.print(f"[red]coadapt demo: {exc.render()}")
         return 1
-    finally:
-        if client is not None:
-            client.close()
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        log.close()
 
 
 def _drive(
