@@ -59,6 +59,9 @@ class JobRow(Base):
     stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # node name -> replicas: what the current attempt holds / what the policy chose last
+    allocation: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    desired_allocation: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
 
 
 class ReplicaRow(Base):
@@ -68,7 +71,8 @@ class ReplicaRow(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
-    slot: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[int] = mapped_column(Integer)  # slot index on its node
+    node: Mapped[str] = mapped_column(String(128), server_default="local")
     status: Mapped[str] = mapped_column(String(16), index=True)  # starting, live, exited
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     start_ticks: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

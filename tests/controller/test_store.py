@@ -8,7 +8,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from coadapt.controller.db import current_revision, make_engine, migrate
+from coadapt.controller.db import current_revision, head_revision, make_engine, migrate
 from coadapt.controller.errors import (
     AuthError,
     ConflictError,
@@ -29,10 +29,40 @@ def test_migration_from_empty_database_matches_the_models(db_url: str) -> None:
         assert current_revision(engine) is None
         migrate(engine)
         migrate(engine)  # idempotent: a restart migrates again
-        assert current_revision(engine) == "0001"
+        assert current_revision(engine) == head_revision()
         with engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
         assert diff == [], f"models and migrations disagree: {diff}"
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_from_0001_keeps_rows_and_defaults_the_node(db_url: str) -> None:
+    """A database written by the single-node release (revision 0001) upgrades in place."""
+    engine = make_engine(db_url)
+    try:
+        migrate(engine, "0001")
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO tenants (id, name, is_admin, created_at) VALUES ('t1', 'a', false, 0)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO jobs (id, tenant_id, name, spec, state, priority, submit_time,"
+                " updated_at, attempt, replicas, desired_replicas, num_restarts, failures,"
+                " not_before, attained_service, max_gpus_held)"
+                " VALUES ('j1', 't1', 'old', '{}', 'RUNNING', 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO replicas (job_id, attempt, rank, slot, status, run_dir, log_path,"
+                " started_at) VALUES ('j1', 1, 0, 0, 'live', '/r', '/l', 0)"
+            )
+        migrate(engine)
+        assert current_revision(engine) == head_revision()
+        with engine.connect() as conn:
+            node = conn.exec_driver_sql("SELECT node FROM replicas").scalar_one()
+            alloc = conn.exec_driver_sql("SELECT allocation FROM jobs").scalar_one()
+        assert node == "local"
+        assert alloc is None
     finally:
         engine.dispose()
 
