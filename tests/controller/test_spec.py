@@ -96,7 +96,13 @@ def test_examples_exist() -> None:
 def test_every_example_has_a_valid_spec_matching_its_flags(script: Path) -> None:
     spec_path = script.with_suffix(".yaml")
     assert spec_path.exists(), f"{script.name} has no job spec {spec_path.name} beside it"
-    spec = parse_spec(load_spec_file(spec_path))
+    raw = load_spec_file(spec_path)
+    if "space" in raw:  # a tuning experiment: check the trial a sampled point would run
+        from coadapt.tune.spec import load_experiment_file, sample_point, trial_job_spec
+
+        exp = load_experiment_file(spec_path)
+        raw = trial_job_spec(exp, sample_point(exp), 0)
+    spec = parse_spec(raw)
     assert spec.script is not None
     assert (Path(spec.working_dir or "") / spec.script).resolve() == script.resolve()
     source = script.read_text()
