@@ -21,7 +21,7 @@ reported (or that is not finite) is left out rather than invented.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -82,9 +82,9 @@ def _job_values(job: Job) -> dict[str, float | None]:
 class StoreCollector(Collector):
     """Reads the controller's current state from ``store`` at scrape time."""
 
-    def __init__(self, store: Store, slots: int) -> None:
+    def __init__(self, store: Store, slots: Callable[[], int]) -> None:
         self.store = store
-        self.slots = slots
+        self.slots = slots  # read at scrape time: nodes join and leave
 
     def describe(self) -> Iterable[Metric]:
         return list(_families().values())
@@ -95,7 +95,7 @@ class StoreCollector(Collector):
     def _collect(self) -> Iterator[Metric]:
         fams = _families()
         store = self.store
-        fams["slots_total"].add_metric([], float(self.slots))
+        fams["slots_total"].add_metric([], float(self.slots()))
         live = store.replicas(statuses=("starting", "live"))
         fams["slots_allocated"].add_metric([], float(len(live)))
         jobs = store.list_jobs()
@@ -117,7 +117,7 @@ class StoreCollector(Collector):
         yield from fams.values()
 
 
-def metrics_registry(store: Store, slots: int) -> CollectorRegistry:
+def metrics_registry(store: Store, slots: Callable[[], int]) -> CollectorRegistry:
     """A fresh registry holding only this controller's :class:`StoreCollector`."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, slots))

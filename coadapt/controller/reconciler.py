@@ -9,9 +9,13 @@ picks up where it stopped (Kubernetes-controller style). The policy is only ever
 Invariants the loop keeps:
 
 * a job launches a new attempt only when none of its replicas is alive (no job runs twice);
-* a launch happens only into free slots (a rescaling job holds its slots until it exits);
+* a launch happens only into free slots of the nodes the policy chose, and all replicas of an
+  attempt launch together (a rescaling job holds its slots until it exits);
 * every replica row is written before its process starts and carries PID + start time, so a
-  restarted controller re-adopts live replicas instead of duplicating them.
+  restarted controller re-adopts live replicas instead of duplicating them;
+* the cluster is whatever the executor reports each tick: a node that leaves takes its replicas
+  with it (they are "lost", and the job restarts from its checkpoint on what remains without
+  counting a failure); a node that joins is used from the next policy round.
 """
 
 from __future__ import annotations
@@ -31,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from coadapt.controller.errors import ControllerError, InvalidTransitionError
-from coadapt.controller.snapshot import build_snapshot
+from coadapt.controller.snapshot import allocation_dict, build_snapshot
 from coadapt.controller.spec import JobSpec
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Job, Replica, Store
 from coadapt.executors import Executor, ExecutorError, ReplicaHandle, ReplicaPhase, ReplicaSpec
-from coadapt.policies import Policy, PolicyError, validate_allocations
+from coadapt.policies import NodeInfo, Policy, PolicyError, validate_allocations
 
 log = logging.getLogger("coadapt.controller")
 
@@ -60,6 +64,9 @@ class ControllerConfig:
     seed: int = 0
     metrics_base_url: str | None = None  # e.g. http://127.0.0.1:7373
     min_round_gap: float = 1.0  # prompt rounds (submit, finish) at most this often
+    # Where job directories (checkpoints, logs, run files) live; on a cluster, a path every
+    # node mounts (NFS, a shared volume). None: under ``state_dir``.
+    shared_dir: Path | None = None
 
 
 def free_port() -> int:
@@ -73,6 +80,25 @@ def _handle(rep: Replica) -> ReplicaHandle:
     if rep.pid is None:
         raise ValueError(f"replica {rep.id} has no pid yet")
     return ReplicaHandle(rep.pid, rep.start_ticks, rep.run_dir, rep.rank)
+
+
+def fmt_alloc(alloc: dict[str, int]) -> str:
+    """``3`` on the single node ``local``, else ``node-a:2+node-b:1`` (events, logs)."""
+    if set(alloc) <= {"local"}:
+        return str(sum(alloc.values()))
+    return "+".join(f"{n}:{k}" for n, k in sorted(alloc.items())) or "0"
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where one rank of an attempt runs, and its coordinates in the torchrun convention."""
+
+    node: str
+    slot: int
+    local_rank: int
+    local_world: int
+    node_rank: int
+    node_slots: tuple[int, ...]  # the attempt's slots on this node (CUDA_VISIBLE_DEVICES)
 
 
 class Controller:
@@ -91,7 +117,9 @@ class Controller:
         self.policy = policy
         self.config = config
         self.clock = clock
-        self.slots = executor.slots()
+        self._nodes: tuple[NodeInfo, ...] = tuple(
+            NodeInfo(n.name, n.slots) for n in executor.nodes()
+        )
         self._poke = threading.Event()
         self._next_round = -np.inf
         self._last_schedulable: frozenset[str] | None = None
@@ -101,6 +129,16 @@ class Controller:
         self.last_round_at: float | None = None
 
     # -- public ---------------------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        """The cluster as last observed (name and slots of each node)."""
+        return self._nodes
+
+    @property
+    def slots(self) -> int:
+        """Slots of the whole cluster as last observed."""
+        return sum(n.gpus for n in self._nodes)
+
     @property
     def rounds(self) -> int:
         """Policy rounds run so far (persisted: the RNG of round r is seeded with r)."""
@@ -114,6 +152,7 @@ class Controller:
     def step(self) -> None:
         """One reconciliation: observe, settle, maybe schedule, act."""
         now = self.clock()
+        self._observe_nodes(now)
         self._observe(now)
         self._settle(now)
         jobs = self.store.list_jobs(states=ACTIVE)
@@ -133,7 +172,8 @@ class Controller:
         self.store.add_event(
             None,
             "controller",
-            f"controller started (policy {self.policy.name}, {self.slots} slots)",
+            f"controller started (policy {self.policy.name}, executor {self.executor.name}, "
+            f"{len(self._nodes)} node(s), {self.slots} slots)",
             self.clock(),
         )
         while not stop.is_set():
@@ -146,6 +186,31 @@ class Controller:
             stop.wait(tick)
 
     # -- observe --------------------------------------------------------------------------
+    def _observe_nodes(self, now: float) -> None:
+        """Take the executor's inventory; a change (node joined, left, resized) asks for a
+        prompt round so new nodes are used and lost ones are planned around."""
+        try:
+            nodes = tuple(NodeInfo(n.name, n.slots) for n in self.executor.nodes())
+        except ExecutorError as exc:
+            log.error("cannot list the executor's nodes (keeping the last view): %s", exc)
+            return
+        if nodes == self._nodes:
+            return
+        old = {n.name: n.gpus for n in self._nodes}
+        new = {n.name: n.gpus for n in nodes}
+        joined = sorted(set(new) - set(old))
+        left = sorted(set(old) - set(new))
+        self._nodes = nodes
+        parts = [f"{self.slots} slots on {len(nodes)} node(s)"]
+        if joined:
+            parts.append("joined: " + ", ".join(joined))
+        if left:
+            parts.append("left: " + ", ".join(left))
+        self.store.add_event(
+            None, "nodes", "; ".join(parts), now, {"nodes": new, "joined": joined, "left": left}
+        )
+        self.poke()
+
     def _observe(self, now: float) -> None:
         for rep in self.store.replicas(statuses=LIVE):
             if rep.pid is None:  # the controller died between writing the row and starting
@@ -168,21 +233,40 @@ class Controller:
                     self.store.update_replica(rep.id, status="live")
                 continue
             self._signalled.pop(rep.id, None)
+            present = {n.name for n in self._nodes}
+            # Evicted, or ended badly on a node that has left: the cluster's doing, not the job's.
+            lost = status.phase is ReplicaPhase.EVICTED or (
+                rep.node not in present and status.exit_code != 0
+            )
+            reason = status.reason or status.phase.value
+            if lost and status.phase is not ReplicaPhase.EVICTED:
+                reason = f"node {rep.node} left the cluster ({reason})"
             self.store.update_replica(
                 rep.id,
-                status="exited",
+                status="lost" if lost else "exited",
                 exit_code=status.exit_code,
-                reason=status.reason or status.phase.value,
+                reason=reason,
                 ended_at=now,
             )
             self.store.add_event(
                 rep.job_id,
                 "replica-exit",
-                f"attempt {rep.attempt} rank {rep.rank} exited: code {status.exit_code} "
-                f"({status.reason or status.phase.value})",
+                f"attempt {rep.attempt} rank {rep.rank} "
+                + (f"lost: {reason}" if lost else f"exited: code {status.exit_code} ({reason})"),
                 now,
-                {"attempt": rep.attempt, "rank": rep.rank, "exit_code": status.exit_code},
+                {
+                    "attempt": rep.attempt,
+                    "rank": rep.rank,
+                    "exit_code": status.exit_code,
+                    "node": rep.node,
+                    "lost": lost,
+                },
             )
+        # Level-triggered release of what finished attempts still hold (Ray placement groups).
+        try:
+            self.executor.retain({r.run_dir for r in self.store.replicas(statuses=LIVE)})
+        except ExecutorError as exc:
+            log.error("cannot release finished attempts' resources: %s", exc)
 
     # -- settle ---------------------------------------------------------------------------
     def _accrue(self, job: Job, now: float) -> dict[str, float | None]:
@@ -198,26 +282,37 @@ class Controller:
             reps = self.store.replicas(job.id, attempt=job.attempt)
             live = [r for r in reps if r.status in LIVE]
             failed = [r for r in reps if r.status == "exited" and r.exit_code != 0]
+            lost = [r for r in reps if r.status == "lost"]
             if live:
-                if failed and job.state is JobState.RUNNING:
-                    self._stop_all(job, live, now, why="a replica failed")
+                if (failed or lost) and job.state is JobState.RUNNING:
+                    why = "a replica was lost" if lost else "a replica failed"
+                    self._stop_all(job, live, now, why=why)
                 continue
             try:
-                self._finish_attempt(job, reps, failed, now)
+                self._finish_attempt(job, reps, failed, now, lost)
             except InvalidTransitionError:
                 continue  # someone (a cancel) changed the job meanwhile: next tick decides
 
     def _finish_attempt(
-        self, job: Job, reps: Sequence[Replica], failed: Sequence[Replica], now: float
+        self,
+        job: Job,
+        reps: Sequence[Replica],
+        failed: Sequence[Replica],
+        now: float,
+        lost: Sequence[Replica] = (),
     ) -> None:
         accrued = self._accrue(job, now)
-        common = dict(replicas=0, stop_requested_at=None, **accrued)
-        if job.state is JobState.RESCALING or len(reps) < job.replicas:
-            why = (
-                "stopped for re-allocation"
-                if job.state is JobState.RESCALING
-                else ("launch interrupted")
-            )
+        common = dict(replicas=0, allocation=None, stop_requested_at=None, **accrued)
+        if job.state is JobState.RESCALING or len(reps) < job.replicas or lost:
+            if lost:  # a node left, or the placement never came: not the job's fault
+                why = (
+                    f"attempt {job.attempt} rank {lost[0].rank} lost ({lost[0].reason}); "
+                    "restarting from the last checkpoint"
+                )
+            elif job.state is JobState.RESCALING:
+                why = "stopped for re-allocation"
+            else:
+                why = "launch interrupted"
             self.store.update_job(
                 job.id,
                 now,
@@ -293,14 +388,14 @@ class Controller:
         jobs = [j for j in active if self._schedulable(j, now)]
         chosen = {j.id for j in jobs}
         for job in active:  # jobs sitting out a backoff hold nothing and want nothing now
-            if job.id not in chosen and job.desired_replicas != 0:
-                self.store.update_job(job.id, now, desired_replicas=0)
+            if job.id not in chosen and (job.desired_replicas != 0 or job.wanted):
+                self.store.update_job(job.id, now, desired_replicas=0, desired_allocation={})
         if not jobs:
             return {}
         # Attained service up to now, so the policy sees current figures (Tiresias' LAS).
         jobs = [self._refresh_service(j, now) for j in jobs]
         started = time.perf_counter()
-        snapshot = build_snapshot(jobs, self.slots, now, self.config.restart_delay)
+        snapshot = build_snapshot(jobs, self._nodes, now, self.config.restart_delay)
         rng = np.random.default_rng([self.config.seed, self._round])
         try:
             decided = self.policy.optimize(snapshot, rng)
@@ -314,16 +409,27 @@ class Controller:
         self.store.meta_set("policy_round", str(self._round))
         desired: dict[str, int] = {}
         changes: dict[str, tuple[int, str, dict[str, Any]]] = {}
+        allocations: dict[str, dict[str, int]] = {}
         for job in jobs:
-            k = int(sum(decided.get(job.id, ())))
+            alloc = allocation_dict(
+                decided.get(job.id, (0,) * len(snapshot.nodes)), snapshot.nodes
+            )
+            k = sum(alloc.values())
             desired[job.id] = k
-            if k != job.desired_replicas:
+            if k != job.desired_replicas or alloc != job.wanted:
+                old = job.wanted
+                what = (
+                    f"{sum(old.values())} -> {k} slots"
+                    if set(old) | set(alloc) <= {"local"}
+                    else f"{fmt_alloc(old)} -> {fmt_alloc(alloc)}"
+                )
                 changes[job.id] = (
                     k,
-                    f"policy {self.policy.name}: {job.desired_replicas} -> {k} slots",
-                    {"desired": k, "round": self._round},
+                    f"policy {self.policy.name}: {what}",
+                    {"desired": k, "allocation": alloc, "round": self._round},
                 )
-        self.store.set_desired(changes, now)
+                allocations[job.id] = alloc
+        self.store.set_desired(changes, now, allocations)
         return desired
 
     def _refresh_service(self, job: Job, now: float) -> Job:
@@ -342,8 +448,10 @@ class Controller:
         by_job: dict[str, list[Replica]] = {}
         for rep in live:
             by_job.setdefault(rep.job_id, []).append(rep)
-        used = {rep.slot for rep in live}
-        free = [s for s in range(self.slots) if s not in used]
+        used = {(rep.node, rep.slot) for rep in live}
+        free = {
+            n.name: [s for s in range(n.gpus) if (n.name, s) not in used] for n in self._nodes
+        }
         jobs = {j.id: j for j in self.store.list_jobs(states=ACTIVE)}
         # Replicas of finished jobs or of superseded attempts: stop, then kill.
         for job_id, reps in by_job.items():
@@ -356,18 +464,25 @@ class Controller:
         for job in jobs.values():
             mine = [r for r in by_job.get(job.id, []) if r.attempt == job.attempt]
             if job.state is JobState.PENDING:
-                if by_job.get(job.id) or job.desired_replicas <= 0 or job.not_before > now:
+                want = job.wanted
+                if by_job.get(job.id) or not want or job.not_before > now:
                     continue
-                if job.desired_replicas <= len(free):
-                    take, free = free[: job.desired_replicas], free[job.desired_replicas :]
-                    self._launch(job, take, now)
+                # All or nothing, on exactly the nodes the policy chose (a node that left
+                # meanwhile: wait for the round its departure triggered).
+                if all(k <= len(free.get(node, ())) for node, k in want.items()):
+                    place: list[tuple[str, int]] = []
+                    for node, k in want.items():
+                        place.extend((node, s) for s in free[node][:k])
+                        free[node] = free[node][k:]
+                    self._launch(job, place, now)
             elif job.state is JobState.RUNNING:
-                if job.desired_replicas != job.replicas and mine:
+                # A change of placement is a re-allocation too, not only a change of count.
+                if job.wanted != job.held and mine:
                     self._stop_all(
                         job,
                         mine,
                         now,
-                        why=f"re-allocation {job.replicas} -> {job.desired_replicas}",
+                        why=f"re-allocation {fmt_alloc(job.held)} -> {fmt_alloc(job.wanted)}",
                     )
             elif job.state is JobState.RESCALING:
                 started = job.stop_requested_at if job.stop_requested_at is not None else now
@@ -411,7 +526,7 @@ class Controller:
 
     # -- launch ---------------------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
-        return self.config.state_dir / "jobs" / job_id
+        return (self.config.shared_dir or self.config.state_dir) / "jobs" / job_id
 
     def _argv(self, spec: JobSpec) -> tuple[str, ...]:
         if spec.script is not None:
@@ -435,7 +550,8 @@ class Controller:
         rank: int,
         world: int,
         port: int,
-        slots: Sequence[int],
+        place: _Place,
+        num_nodes: int,
     ) -> dict[str, str]:
         env = dict(os.environ)
         env.update(spec.env)
@@ -444,12 +560,15 @@ class Controller:
             {
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(place.local_rank),
+                "LOCAL_WORLD_SIZE": str(place.local_world),
+                "GROUP_RANK": str(place.node_rank),
+                # A cluster executor replaces these with rank 0's node and a port free there.
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "COADAPT_JOB_ID": job.id,
-                "COADAPT_NUM_NODES": "1",
+                "COADAPT_NUM_NODES": str(num_nodes),
+                "COADAPT_NODE": place.node,
                 "COADAPT_CHECKPOINT_DIR": str((jdir / "checkpoints").resolve()),
                 "COADAPT_RESTARTS": str(attempt - 1),
                 "COADAPT_ATTEMPT": str(attempt),
@@ -465,18 +584,26 @@ class Controller:
             )
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if self.executor.uses_gpus():
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in place.node_slots)
         else:
             env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
-    def _launch(self, job: Job, slots: Sequence[int], now: float) -> None:
+    def _launch(self, job: Job, place: Sequence[tuple[str, int]], now: float) -> None:
+        """Start attempt ``job.attempt + 1`` with one replica per (node, slot) of ``place``:
+        rows first, then the whole group in one executor call (a gang on a cluster)."""
         spec = job.job_spec
-        attempt, k = job.attempt + 1, len(slots)
+        attempt, k = job.attempt + 1, len(place)
+        alloc: dict[str, int] = {}
+        for node, _ in place:
+            alloc[node] = alloc.get(node, 0) + 1
+        node_order = list(alloc)
+        slots = [s for _, s in place]
         port = free_port()
         jdir = self.job_dir(job.id)
         run_dir = jdir / "runs" / str(attempt)
         (jdir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        where = str(slots) if set(alloc) <= {"local"} else f"on {fmt_alloc(alloc)}"
         try:
             job = self.store.update_job(
                 job.id,
@@ -485,48 +612,73 @@ class Controller:
                 expect=JobState.PENDING,
                 attempt=attempt,
                 replicas=k,
+                allocation=alloc,
                 num_restarts=job.num_restarts + (1 if job.attempt > 0 else 0),
                 max_gpus_held=max(job.max_gpus_held, k),
                 service_at=now,
                 started_at=job.started_at if job.started_at is not None else now,
                 stop_requested_at=None,
-                event=("alloc", f"attempt {attempt}: {k} slot(s) {list(slots)}"),
-                event_data={"replicas": k, "attempt": attempt, "slots": list(slots)},
+                event=("alloc", f"attempt {attempt}: {k} slot(s) {where}"),
+                event_data={
+                    "replicas": k,
+                    "attempt": attempt,
+                    "slots": slots,
+                    "allocation": alloc,
+                },
             )
         except InvalidTransitionError:
             return  # cancelled meanwhile
         argv = self._argv(spec)
         cwd = spec.working_dir or str(self.config.state_dir)
-        for rank, slot in enumerate(slots):
+        rows: list[Replica] = []
+        specs: list[ReplicaSpec] = []
+        for rank, (node, slot) in enumerate(place):
             log_path = jdir / "logs" / f"attempt-{attempt}.rank-{rank}.log"
-            rep = self.store.add_replica(
-                job.id, attempt, rank, slot, str(run_dir), str(log_path), now
+            rows.append(
+                self.store.add_replica(
+                    job.id, attempt, rank, slot, str(run_dir), str(log_path), now, node=node
+                )
             )
-            env = self._env(job, spec, attempt, rank, k, port, slots)
-            rspec = ReplicaSpec(
-                job_id=job.id,
-                attempt=attempt,
-                rank=rank,
-                world_size=k,
-                argv=self._expand(argv, env),
-                cwd=cwd,
-                run_dir=str(run_dir),
-                log_path=str(log_path),
+            on_node = [s for n, s in place if n == node]
+            where_rank = _Place(
+                node=node,
                 slot=slot,
-                env=env,
+                local_rank=sum(1 for n, _ in place[:rank] if n == node),
+                local_world=len(on_node),
+                node_rank=node_order.index(node),
+                node_slots=tuple(on_node),
             )
-            try:
-                handle = self.executor.launch(rspec)
-            except ExecutorError as exc:
+            env = self._env(job, spec, attempt, rank, k, port, where_rank, len(alloc))
+            specs.append(
+                ReplicaSpec(
+                    job_id=job.id,
+                    attempt=attempt,
+                    rank=rank,
+                    world_size=k,
+                    argv=self._expand(argv, env),
+                    cwd=cwd,
+                    run_dir=str(run_dir),
+                    log_path=str(log_path),
+                    slot=slot,
+                    env=env,
+                    node=node,
+                )
+            )
+        try:
+            results = self.executor.launch_group(specs)
+        except ExecutorError as exc:
+            results = [exc] * len(specs)
+        for rep, result in zip(rows, results, strict=True):
+            if isinstance(result, ExecutorError):
                 self.store.update_replica(
                     rep.id,
                     status="exited",
                     exit_code=127,
-                    reason=f"launch failed: {exc}",
+                    reason=f"launch failed: {result}",
                     ended_at=now,
                 )
-                self.store.add_event(job.id, "launch-error", str(exc), now)
+                self.store.add_event(job.id, "launch-error", str(result), now)
                 continue  # settle: a failed replica stops the others and retries/fails
             self.store.update_replica(
-                rep.id, status="live", pid=handle.pid, start_ticks=handle.start_ticks
+                rep.id, status="live", pid=result.pid, start_ticks=result.start_ticks
             )

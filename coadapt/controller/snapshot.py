@@ -143,16 +143,30 @@ def holds_slots(job: Job) -> bool:
 
 
 def build_snapshot(
-    jobs: Sequence[Job], slots: int, now: float, restart_delay: float
+    jobs: Sequence[Job], nodes: int | Sequence[NodeInfo], now: float, restart_delay: float
 ) -> ClusterSnapshot:
-    """One node (this machine) with ``slots`` slots; ``jobs`` in submission order."""
+    """The cluster as the executor reports it (``nodes``, or one node ``local`` with that many
+    slots); ``jobs`` in submission order. A job's current allocation counts only the nodes
+    still present: replicas on a node that left are gone, whatever the database says."""
+    inventory = (NodeInfo(NODE_NAME, nodes),) if isinstance(nodes, int) else tuple(nodes)
+    total = sum(n.gpus for n in inventory)
     return ClusterSnapshot(
         now=now,
-        nodes=(NodeInfo(NODE_NAME, slots),),
-        jobs={j.id: job_info(j, slots) for j in jobs},
-        current={j.id: (j.replicas,) for j in jobs if holds_slots(j)},
+        nodes=inventory,
+        jobs={j.id: job_info(j, total) for j in jobs},
+        current={j.id: allocation_tuple(j.held, inventory) for j in jobs if holds_slots(j)},
         restart_delay=restart_delay,
     )
+
+
+def allocation_tuple(per_node: dict[str, int], nodes: Sequence[NodeInfo]) -> tuple[int, ...]:
+    """A node -> count mapping as the policy's tuple, in the snapshot's node order."""
+    return tuple(int(per_node.get(n.name, 0)) for n in nodes)
+
+
+def allocation_dict(alloc: Sequence[int], nodes: Sequence[NodeInfo]) -> dict[str, int]:
+    """The policy's tuple as node -> count, without the zeros (what the database keeps)."""
+    return {n.name: int(k) for n, k in zip(nodes, alloc, strict=True) if int(k) > 0}
 
 
 def speedup(job: Job, replicas: int) -> float | None:

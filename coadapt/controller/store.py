@@ -84,10 +84,28 @@ class Job:
     stop_requested_at: float | None
     reason: str | None
     report: dict[str, Any] | None
+    # node -> replicas: what the current attempt holds / what the policy chose last (None on
+    # rows written by a single-node controller: see :meth:`held` and :meth:`wanted`)
+    allocation: dict[str, int] | None = None
+    desired_allocation: dict[str, int] | None = None
 
     @property
     def job_spec(self) -> JobSpec:
         return JobSpec.model_validate(self.spec)
+
+    @property
+    def held(self) -> dict[str, int]:
+        """Replicas per node of the current attempt (old rows: all on node ``local``)."""
+        if self.allocation is not None:
+            return {n: k for n, k in self.allocation.items() if k > 0}
+        return {"local": self.replicas} if self.replicas > 0 else {}
+
+    @property
+    def wanted(self) -> dict[str, int]:
+        """Replicas per node the policy chose last (old rows: all on node ``local``)."""
+        if self.desired_allocation is not None:
+            return {n: k for n, k in self.desired_allocation.items() if k > 0}
+        return {"local": self.desired_replicas} if self.desired_replicas > 0 else {}
 
 
 @dataclass(frozen=True)
@@ -97,7 +115,9 @@ class Replica:
     attempt: int
     rank: int
     slot: int
-    status: str  # "starting" (row written, process maybe not), "live", "exited"
+    # "starting" (row written, process maybe not), "live", "exited", or "lost" (evicted: its
+    # node left or its placement never came; not the job's fault)
+    status: str
     pid: int | None
     start_ticks: int | None
     run_dir: str
@@ -106,6 +126,7 @@ class Replica:
     reason: str | None
     started_at: float
     ended_at: float | None
+    node: str = "local"
 
 
 @dataclass(frozen=True)
@@ -154,6 +175,10 @@ def _job(row: JobRow) -> Job:
         stop_requested_at=row.stop_requested_at,
         reason=row.reason,
         report=dict(row.report) if row.report is not None else None,
+        allocation=dict(row.allocation) if row.allocation is not None else None,
+        desired_allocation=(
+            dict(row.desired_allocation) if row.desired_allocation is not None else None
+        ),
     )
 
 
@@ -173,6 +198,7 @@ def _replica(row: ReplicaRow) -> Replica:
         reason=row.reason,
         started_at=row.started_at,
         ended_at=row.ended_at,
+        node=row.node,
     )
 
 
@@ -407,9 +433,15 @@ class Store:
             s.flush()
             return _job(row)
 
-    def set_desired(self, desired: dict[str, tuple[int, str, dict[str, Any]]], now: float) -> None:
-        """Record a policy round's decisions (job -> (replicas, message, data)) in one
-        transaction, with a ``desired`` event each; jobs gone terminal meanwhile are skipped."""
+    def set_desired(
+        self,
+        desired: dict[str, tuple[int, str, dict[str, Any]]],
+        now: float,
+        allocations: dict[str, dict[str, int]] | None = None,
+    ) -> None:
+        """Record a policy round's decisions (job -> (replicas, message, data), and the
+        per-node ``allocations``) in one transaction, with a ``desired`` event each; jobs gone
+        terminal meanwhile are skipped."""
         if not desired:
             return
         with self._tx() as s:
@@ -419,6 +451,8 @@ class Store:
                     continue
                 k, message, data = desired[row.id]
                 row.desired_replicas = k
+                if allocations is not None and row.id in allocations:
+                    row.desired_allocation = dict(allocations[row.id])
                 row.updated_at = now
                 s.add(EventRow(job_id=row.id, time=now, kind="desired", message=message, data=data))
 
@@ -440,6 +474,7 @@ class Store:
         run_dir: str,
         log_path: str,
         now: float,
+        node: str = "local",
     ) -> Replica:
         """Record a replica *before* it starts (status "starting"), so a crash mid-launch
         leaves a row that recovery can match with the process (no replica runs unrecorded)."""
@@ -448,6 +483,7 @@ class Store:
             attempt=attempt,
             rank=rank,
             slot=slot,
+            node=node,
             status="starting",
             run_dir=run_dir,
             log_path=log_path,

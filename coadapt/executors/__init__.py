@@ -1,8 +1,13 @@
-"""Executors: where replicas run (``local`` processes, or the in-memory ``fake``)."""
+"""Executors: where replicas run (``local`` processes, Ray actors, or the in-memory ``fake``).
+
+The Ray executor lives in :mod:`coadapt.executors.ray_executor` and is not imported here, so
+the default install never needs Ray.
+"""
 
 from coadapt.executors.base import (
     Executor,
     ExecutorError,
+    NodeInventory,
     ReplicaHandle,
     ReplicaPhase,
     ReplicaSpec,
@@ -16,9 +21,50 @@ __all__ = [
     "ExecutorError",
     "FakeExecutor",
     "LocalExecutor",
+    "NodeInventory",
     "ReplicaHandle",
     "ReplicaPhase",
     "ReplicaSpec",
     "ReplicaStatus",
+    "create_executor",
     "detect_gpus",
 ]
+
+
+def create_executor(
+    kind: str,
+    *,
+    slots: int | None = None,
+    ray_address: str | None = None,
+    ray_slot_resource: str | None = None,
+    ray_namespace: str = "coadapt",
+    placement_timeout: float = 60.0,
+) -> Executor:
+    """The executor ``coadapt server --executor KIND`` runs on; :class:`ExecutorError` names
+    the offending flag. Ray is imported only here and only for ``ray``."""
+    if kind == "local":
+        for flag, value in (
+            ("--ray-address", ray_address),
+            ("--ray-slot-resource", ray_slot_resource),
+        ):
+            if value is not None:
+                raise ExecutorError(f"{flag} needs --executor ray")
+        return LocalExecutor(slots=slots)
+    if kind != "ray":
+        raise ExecutorError(f"--executor: unknown executor {kind!r}; accepted: local, ray")
+    if slots is not None:
+        raise ExecutorError("--slots is for --executor local (Ray nodes declare their slots)")
+    if placement_timeout <= 0:
+        raise ExecutorError(f"--placement-timeout: {placement_timeout} is invalid; accepted: > 0")
+    try:
+        from coadapt.executors.ray_executor import RayExecutor
+    except ImportError as exc:
+        raise ExecutorError(
+            f"--executor ray needs Ray (pip install 'coadapt[ray]'): {exc}"
+        ) from exc
+    return RayExecutor(
+        address=ray_address,
+        slot_resource=ray_slot_resource,
+        namespace=ray_namespace,
+        placement_timeout=placement_timeout,
+    )

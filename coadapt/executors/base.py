@@ -1,8 +1,14 @@
 """The executor seam: how the controller starts, watches and stops replica processes.
 
-The controller only ever talks to an :class:`Executor` (launch / poll / stop), so the same
-reconciliation logic drives real processes (:mod:`coadapt.executors.local`) and the in-memory
-fake the unit tests use (:mod:`coadapt.executors.fake`), like httpx's transport seam.
+The controller only ever talks to an :class:`Executor` (nodes / launch_group / poll / stop /
+retain), so the same reconciliation logic drives real processes (:mod:`coadapt.executors.local`),
+Ray actors on a cluster (:mod:`coadapt.executors.ray_executor`) and the in-memory fake the unit
+tests use (:mod:`coadapt.executors.fake`), like httpx's transport seam.
+
+An executor reports its inventory as nodes with slots; the policy's per-node allocation is
+realised by giving every :class:`ReplicaSpec` a ``node`` and launching all replicas of one
+attempt together (:meth:`Executor.launch_group`): a cluster executor needs the whole gang at
+once (a Ray placement group), a single machine just starts them one by one.
 
 A :class:`ReplicaHandle` is plain data the controller persists in its database; any executor
 can :meth:`~Executor.poll` a handle written by an earlier controller process, which is how a
@@ -11,7 +17,7 @@ restarted controller re-adopts live replicas instead of starting them twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -19,6 +25,14 @@ from typing import Protocol, runtime_checkable
 
 class ExecutorError(RuntimeError):
     """A replica could not be started (bad command, missing working directory, no slot)."""
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """A node the executor can place replicas on, and how many replicas fit there at once."""
+
+    name: str  # stable for the node's lifetime; persisted in replica rows and allocations
+    slots: int
 
 
 @dataclass(frozen=True)
@@ -33,8 +47,9 @@ class ReplicaSpec:
     cwd: str
     run_dir: str  # per-attempt scratch directory (pid and exit files live here)
     log_path: str  # stdout and stderr of the replica go here (appended)
-    slot: int  # which slot (GPU index, or CPU slot number) the replica occupies
+    slot: int  # which slot (GPU index, or CPU slot number) on its node the replica occupies
     env: Mapping[str, str] = field(default_factory=dict)  # full environment of the replica
+    node: str = "local"  # the inventory node the policy placed this replica on
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,9 @@ class ReplicaPhase(str, Enum):
     RUNNING = "running"
     EXITED = "exited"  # the process ended and its exit code is known
     LOST = "lost"  # the process is gone and its exit code is unknown (e.g. killed with -9)
+    # Not the job's fault: the replica's node left the cluster, or the resources for its
+    # group never came (placement timed out). The attempt is redone without counting a failure.
+    EVICTED = "evicted"
 
 
 @dataclass(frozen=True)
@@ -76,16 +94,22 @@ class Executor(Protocol):
 
     name: str
 
+    def nodes(self) -> list[NodeInventory]:
+        """The nodes replicas can run on now (a node that left is simply absent)."""
+        ...
+
     def slots(self) -> int:
-        """How many replicas can run at once on this executor."""
+        """How many replicas can run at once on this executor (all nodes together)."""
         ...
 
     def uses_gpus(self) -> bool:
         """Whether slots are GPUs (replicas then get CUDA_VISIBLE_DEVICES)."""
         ...
 
-    def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
-        """Start a replica; raise :class:`ExecutorError` if it cannot be started."""
+    def launch_group(self, specs: Sequence[ReplicaSpec]) -> list[ReplicaHandle | ExecutorError]:
+        """Start all replicas of one attempt (each on its ``spec.node``); one result per spec,
+        in order. Must not block for long: a group whose resources are slow to come is
+        reported by :meth:`poll` (RUNNING while it waits, EVICTED once it gives up)."""
         ...
 
     def poll(self, handle: ReplicaHandle) -> ReplicaStatus:
@@ -99,3 +123,21 @@ class Executor(Protocol):
     def recover(self, run_dir: str, rank: int) -> ReplicaHandle | None:
         """The handle of a replica whose launch was not yet recorded (crash mid-launch)."""
         ...
+
+    def retain(self, run_dirs: Collection[str]) -> None:
+        """Release what the executor holds for attempts not in ``run_dirs`` (the attempts with
+        live replicas): Ray placement groups of finished or abandoned attempts."""
+        ...
+
+
+def launch_each(
+    launch: Callable[[ReplicaSpec], ReplicaHandle], specs: Sequence[ReplicaSpec]
+) -> list[ReplicaHandle | ExecutorError]:
+    """:meth:`Executor.launch_group` for executors that start replicas independently."""
+    out: list[ReplicaHandle | ExecutorError] = []
+    for spec in specs:
+        try:
+            out.append(launch(spec))
+        except ExecutorError as exc:
+            out.append(exc)
+    return out

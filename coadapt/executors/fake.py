@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from coadapt.executors.base import (
     ExecutorError,
+    NodeInventory,
     ReplicaHandle,
     ReplicaPhase,
     ReplicaSpec,
     ReplicaStatus,
+    launch_each,
 )
 
 
@@ -25,30 +28,49 @@ class FakeExecutor:
     """Records launches and signals; a SIGTERM makes a replica exit 0 on the next poll.
 
     ``exit_on_stop`` mimics the training library (checkpoint and exit 0 on SIGTERM); tests
-    call :meth:`finish` to end replicas with a chosen exit code, and :meth:`fail_launches`
-    to make the next launches raise.
+    call :meth:`finish` to end replicas with a chosen exit code, :meth:`fail_launches`
+    to make the next launches raise, and :meth:`add_node` / :meth:`remove_node` to change the
+    cluster (replicas on a removed node are EVICTED, as a cluster executor reports them).
+    ``slots`` alone is one node named ``local``; ``nodes`` maps several names to slots.
     """
 
     name = "fake"
 
-    def __init__(self, slots: int = 4, gpus: bool = False, exit_on_stop: bool = True) -> None:
-        self._slots = slots
+    def __init__(
+        self,
+        slots: int = 4,
+        gpus: bool = False,
+        exit_on_stop: bool = True,
+        nodes: Mapping[str, int] | None = None,
+    ) -> None:
+        self._nodes: dict[str, int] = dict(nodes) if nodes is not None else {"local": slots}
         self._gpus = gpus
         self.exit_on_stop = exit_on_stop
         self.replicas: dict[int, FakeReplica] = {}
         self.launch_failures = 0
+        self.groups: list[list[ReplicaSpec]] = []  # every launch_group call, in order
+        self.retained: list[set[str]] = []  # every retain() call
         self._next_pid = 1000
 
+    def nodes(self) -> list[NodeInventory]:
+        return [NodeInventory(n, s) for n, s in self._nodes.items()]
+
     def slots(self) -> int:
-        return self._slots
+        return sum(self._nodes.values())
 
     def uses_gpus(self) -> bool:
         return self._gpus
+
+    def launch_group(self, specs: Sequence[ReplicaSpec]) -> list[ReplicaHandle | ExecutorError]:
+        self.groups.append(list(specs))
+        return launch_each(self.launch, specs)
 
     def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
         if self.launch_failures > 0:
             self.launch_failures -= 1
             raise ExecutorError(f"fake launch failure for {spec.job_id} rank {spec.rank}")
+        if spec.node not in self._nodes:
+            raise ExecutorError(f"no node {spec.node!r}")
         self._next_pid += 1
         handle = ReplicaHandle(self._next_pid, self._next_pid * 10, spec.run_dir, spec.rank)
         self.replicas[handle.pid] = FakeReplica(
@@ -78,6 +100,9 @@ class FakeExecutor:
                 return rep.handle
         return None
 
+    def retain(self, run_dirs: Collection[str]) -> None:
+        self.retained.append(set(run_dirs))
+
     # -- test helpers ---------------------------------------------------------------------
     def running(self, job_id: str | None = None) -> list[FakeReplica]:
         return [
@@ -93,4 +118,25 @@ class FakeExecutor:
             if rank is None or rep.spec.rank == rank:
                 rep.status = ReplicaStatus(ReplicaPhase.EXITED, exit_code, "finished by test")
                 count += 1
+        return count
+
+    def add_node(self, name: str, slots: int) -> None:
+        self._nodes[name] = slots
+
+    def remove_node(self, name: str) -> int:
+        """The node leaves: its running replicas are evicted. Returns how many."""
+        self._nodes.pop(name, None)
+        count = 0
+        for rep in self.running():
+            if rep.spec.node == name:
+                rep.status = ReplicaStatus(ReplicaPhase.EVICTED, None, f"node {name} lost")
+                count += 1
+        return count
+
+    def evict(self, job_id: str, reason: str = "placement timed out") -> int:
+        """Report the job's running replicas as never placed (a placement-group timeout)."""
+        count = 0
+        for rep in self.running(job_id):
+            rep.status = ReplicaStatus(ReplicaPhase.EVICTED, None, reason)
+            count += 1
         return count

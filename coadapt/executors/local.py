@@ -14,16 +14,21 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from coadapt.executors._proc import proc_start_ticks, proc_state
 from coadapt.executors.base import (
     ExecutorError,
+    NodeInventory,
     ReplicaHandle,
     ReplicaPhase,
     ReplicaSpec,
     ReplicaStatus,
+    launch_each,
 )
+
+NODE_NAME = "local"
 
 
 def detect_gpus() -> int:
@@ -71,11 +76,21 @@ class LocalExecutor:
         self.python = python or sys.executable
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
+    def nodes(self) -> list[NodeInventory]:
+        """This machine is the one node, named ``local``."""
+        return [NodeInventory(NODE_NAME, self._slots)]
+
     def slots(self) -> int:
         return self._slots
 
     def uses_gpus(self) -> bool:
         return self._gpus
+
+    def launch_group(self, specs: Sequence[ReplicaSpec]) -> list[ReplicaHandle | ExecutorError]:
+        return launch_each(self.launch, specs)
+
+    def retain(self, run_dirs: Collection[str]) -> None:
+        """Nothing is held beyond the processes themselves."""
 
     def launch(self, spec: ReplicaSpec) -> ReplicaHandle:
         cwd = Path(spec.cwd)

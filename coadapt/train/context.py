@@ -70,6 +70,7 @@ class TrainEnv:
     # retune (m, s); under "fixed" / "fixed_batch" policies (Tiresias, Optimus, FIFO) it stays
     # at the submitted batch, as those policies assume.
     batch_mode: str = "adaptive"
+    checkpoint_every: int = 0  # COADAPT_CHECKPOINT_EVERY: also checkpoint every N steps
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> TrainEnv:
@@ -101,6 +102,7 @@ class TrainEnv:
             metrics_file=Path(mfile) if mfile else None,
             restarts=_env_int(env, "COADAPT_RESTARTS", 0),
             batch_mode=mode,
+            checkpoint_every=_env_int(env, "COADAPT_CHECKPOINT_EVERY", 0),
         )
 
 

@@ -76,10 +76,19 @@ class AdaptiveModel:
         report_every: int = 20,
         name: str = "model",
         ddp_kwargs: dict[str, Any] | None = None,
+        checkpoint_every: int | None = None,
     ) -> None:
         if retune_every < 1 or measure_every < 2 or report_every < 1:
             raise TrainConfigError("need retune_every >= 1, measure_every >= 2, "
                                    "report_every >= 1")
+        if checkpoint_every is None:
+            checkpoint_every = loader.ctx.env.checkpoint_every
+        if checkpoint_every < 0:
+            raise TrainConfigError(f"checkpoint_every must be >= 0 (0 = only on SIGTERM), "
+                                   f"got {checkpoint_every}")
+        # Periodic checkpoints bound the work lost when a node dies without a SIGTERM. Counted
+        # in optimizer steps, which every rank agrees on, so no extra collective is needed.
+        self.checkpoint_every = checkpoint_every
         self.ctx = loader.ctx
         self.loader = loader
         self.module = module.to(self.ctx.device)
@@ -110,6 +119,7 @@ class AdaptiveModel:
         self._flags: dict[bool, torch.Tensor] = {}
         self._warmup = _WARMUP_STEPS
         self._stop_pending = False
+        self._save_pending = False
         self._stepped = False
         self._last_epoch = loader.epoch
         self._saved_replicas = self._replicas
@@ -129,6 +139,9 @@ class AdaptiveModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._stop_pending:
             self.ctx.exit_for_rescale()
+        if self._save_pending:  # at the boundary, like a stop: the state after the last step
+            self._save_pending = False
+            self.ctx.save()
         if self.ddp is not None:
             # DDP all-reduces only on the last micro-batch of an optimizer step.
             self.ddp.require_backward_grad_sync = self.loader.is_sync_step
@@ -305,6 +318,8 @@ class AdaptiveModel:
         if self.steps % self.report_every == 0:
             self.last_loss = float(loss.detach())
             self._emit_progress()
+        if self.checkpoint_every and self.steps % self.checkpoint_every == 0:
+            self._save_pending = True
         if stop:
             # Exit at the next forward, so the caller still sees (and logs) this step and the
             # checkpoint holds exactly the state after it, RNG included.

@@ -233,3 +233,37 @@ def test_openapi_schema_is_served(api: Api) -> None:
     schema = api.client.get("/openapi.json").json()
     assert "/api/v1/jobs" in schema["paths"] and "/api/v1/cluster" in schema["paths"]
     assert api.client.get("/docs").status_code == 200
+
+
+def test_cluster_view_follows_the_live_inventory(sqlite_store: Store, tmp_path: Path) -> None:
+    """Nodes join and leave (Ray): the cluster view and /metrics read the loop's last view."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    clock = FakeClock()
+    token = sqlite_store.create_tenant("root", clock(), is_admin=True)[1]
+    nodes = [("a", 2), ("b", 4)]
+    ctx = ApiContext(
+        store=sqlite_store,
+        state_dir=tmp_path,
+        slots=1,
+        policy="pollux",
+        clock=clock,
+        inventory=lambda: list(nodes),
+    )
+    client = SyncASGI(create_app(ctx))
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def view() -> tuple[int, list[str], float]:
+        body = client.get("/api/v1/cluster", headers=auth).json()
+        text = client.get("/metrics", headers=auth).text
+        total = next(
+            s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "coadapt_slots_total"
+        )
+        return body["slots"], [n["name"] for n in body["nodes"]], total
+
+    assert view() == (6, ["a", "b"], 6.0)
+    nodes[:] = [("a", 2)]  # node b left
+    assert view() == (2, ["a"], 2.0)

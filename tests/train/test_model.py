@@ -20,7 +20,7 @@ from coadapt.train import (
     load_checkpoint,
     save_checkpoint,
 )
-from coadapt.train.context import TrainingContext
+from coadapt.train.context import TrainConfigError, TrainingContext
 
 
 def linear_problem(d: int = 10, n: int = 40000, sigma2: float = 1.0,
@@ -166,3 +166,32 @@ def test_batch_mode_from_the_scheduler_is_read_and_validated() -> None:
     assert TrainEnv.from_env({"COADAPT_BATCH_MODE": "fixed"}).batch_mode == "fixed"
     with pytest.raises(TrainConfigError, match="COADAPT_BATCH_MODE"):
         TrainEnv.from_env({"COADAPT_BATCH_MODE": "elastic"})
+
+
+def test_periodic_checkpoints_without_a_stop(tmp_path: Path, ctx: TrainingContext) -> None:
+    """checkpoint_every=N saves at every N-th step boundary, so a replica killed without a
+    SIGTERM (node lost) resumes from at most N steps back."""
+    data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
+    loader = AdaptiveDataLoader(data, batch_size=8, context=ctx)
+    lin = nn.Linear(3, 1)
+    model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader,
+                          checkpoint_every=2)
+    for i, (x, y) in enumerate(loader):
+        model.step(nn.functional.mse_loss(model(x), y))
+        if i == 4:  # 5 steps taken; the 4th step's checkpoint was written at the 5th forward
+            break
+    assert ctx.env.checkpoint_dir is not None
+    saved = load_checkpoint(ctx.env.checkpoint_dir)
+    assert saved is not None and saved["states"]["model"]["steps"] == 4
+    with pytest.raises(TrainConfigError, match="checkpoint_every"):
+        AdaptiveModel(nn.Linear(3, 1), torch.optim.SGD(lin.parameters(), lr=0.1), loader,
+                      name="other", checkpoint_every=-1)
+
+
+def test_checkpoint_interval_from_the_environment() -> None:
+    from coadapt.train.context import TrainEnv
+
+    assert TrainEnv.from_env({}).checkpoint_every == 0
+    assert TrainEnv.from_env({"COADAPT_CHECKPOINT_EVERY": "100"}).checkpoint_every == 100
+    with pytest.raises(TrainConfigError, match="COADAPT_CHECKPOINT_EVERY"):
+        TrainEnv.from_env({"COADAPT_CHECKPOINT_EVERY": "often"})

@@ -1,0 +1,504 @@
+"""Replicas as Ray actors on a Ray cluster (``coadapt server --executor ray``).
+
+Inventory: Ray's alive nodes, each with as many slots as it has of the slot resource (``GPU``
+when the cluster has GPUs, else a configured custom resource such as ``coadapt_slot`` that
+each node declares, or ``CPU``). Nodes are named ``<ip>-<node id prefix>``.
+
+One attempt of a job is one detached placement group with one bundle per replica; bundle ``i``
+carries a label selector on ``ray.io/node-id``, so the group realises exactly the policy's
+per-node allocation, and it is reserved all at once (a gang) or not at all. Each replica is a
+named detached actor scheduled into its bundle that runs the training command as a child
+process on its node (same argv and environment as the local executor), appends its output to
+the replica's log file (a shared path), turns ``stop`` into SIGTERM (checkpoint and exit 0) or
+SIGKILL, and reports the exit code. Rank 0 picks ``MASTER_ADDR`` (its node's IP) and a port
+free on its node; the other ranks ask rank 0's actor for them, so torch.distributed meets there.
+
+Nothing here blocks the controller's loop: the group and its actors are created
+asynchronously, :meth:`RayExecutor.poll` only looks at replies that have arrived
+(``ray.wait(timeout=0)``), and a group not placed within ``placement_timeout`` is removed and
+its replicas reported EVICTED (the job goes back to pending, no failure counted). Names are
+derived from the attempt's run directory, so a restarted controller finds the actors and the
+group again (re-adoption), and :meth:`RayExecutor.retain` removes the groups of attempts that
+have ended (their actors go with them): rescale is checkpoint, release, new group.
+
+This is the only module that imports Ray (``pip install coadapt[ray]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_placement_group,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from coadapt.executors.base import (
+    ExecutorError,
+    NodeInventory,
+    ReplicaHandle,
+    ReplicaPhase,
+    ReplicaSpec,
+    ReplicaStatus,
+)
+
+log = logging.getLogger("coadapt.executors.ray")
+
+NODE_ID_LABEL = "ray.io/node-id"
+DEFAULT_NAMESPACE = "coadapt"
+_PR_SET_PDEATHSIG = 1
+_MASTER_TIMEOUT_S = 120.0  # a rank waits this long for rank 0's address (inside its actor)
+
+
+def group_key(run_dir: str) -> str:
+    """A short stable id for one attempt (its run directory is unique per job and attempt)."""
+    return hashlib.sha1(run_dir.encode()).hexdigest()[:16]
+
+
+def actor_name(run_dir: str, rank: int) -> str:
+    return f"coadapt-{group_key(run_dir)}-r{rank}"
+
+
+def node_name(ip: str, node_id: str) -> str:
+    """Readable and unique even when several Ray nodes share one IP (one-host clusters)."""
+    return f"{ip}-{node_id[:8]}"
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the actor process dies (node lost, actor killed)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: best effort
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class ReplicaRunner:
+    """The actor behind one replica: starts the training process on its node in the
+    constructor (which runs once the bundle is reserved) and answers status / stop calls."""
+
+    def __init__(self, job: Mapping[str, Any], master: str | None, namespace: str) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.code: int | None = None
+        self.reason = ""
+        ip = ray.util.get_node_ip_address()
+        if master is None:
+            self.addr: tuple[str, int] = (ip, _free_port())
+        else:
+            rank0 = ray.get_actor(master, namespace=namespace)
+            got: Any = ray.get(rank0.master.remote(), timeout=_MASTER_TIMEOUT_S)
+            self.addr = (str(got[0]), int(got[1]))
+        env = dict(os.environ)
+        env.update(job["overlay"])
+        env["MASTER_ADDR"], env["MASTER_PORT"] = self.addr[0], str(self.addr[1])
+        if job["gpus"]:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in ray.get_gpu_ids())
+        if env.get("GLOO_SOCKET_IFNAME") == "lo" and not self.addr[0].startswith("127."):
+            del env["GLOO_SOCKET_IFNAME"]  # the controller's one-host default; wrong here
+        log_path = str(job["log_path"])
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        with open(log_path, "ab") as out:
+            try:
+                self.proc = subprocess.Popen(
+                    list(job["argv"]),
+                    cwd=str(job["cwd"]),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                out.write(f"coadapt: cannot start {job['argv'][0]!r}: {exc}\n".encode())
+                self.code, self.reason = 127, f"cannot start: {exc}"
+                return
+            # The child writes to the same file; a short line from here is atomic (O_APPEND).
+            out.write(
+                f"[coadapt] rank {job['rank']} pid {self.proc.pid} on {ip} (ray node "
+                f"{ray.get_runtime_context().get_node_id()[:8]}), master "
+                f"{self.addr[0]}:{self.addr[1]}\n".encode()
+            )
+
+    def master(self) -> tuple[str, int]:
+        return self.addr
+
+    def status(self) -> dict[str, Any]:
+        if self.proc is not None and self.code is None:
+            code = self.proc.poll()
+            if code is not None:
+                if code < 0:
+                    self.code, self.reason = 128 - code, f"killed by signal {-code}"
+                else:
+                    self.code, self.reason = code, "exited"
+        return {
+            "code": self.code,
+            "reason": self.reason,
+            "pid": self.proc.pid if self.proc is not None else None,
+        }
+
+    def stop(self, force: bool) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if force:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
+
+
+@dataclass
+class _Actor:
+    handle: Any = None  # ray ActorHandle, found by name when needed
+    pending: Any = None  # an outstanding status() ObjectRef
+    final: ReplicaStatus | None = None
+    last: dict[str, Any] | None = None
+
+
+@dataclass
+class _Group:
+    """What this controller process knows about one attempt's placement group."""
+
+    pg: PlacementGroup
+    seen: float  # monotonic time this process created (or first saw) the group
+    ready_ref: Any
+    ready: bool = False
+    failed: str | None = None  # why the group was given up (EVICTED from then on)
+    nodes: dict[int, str] = field(default_factory=dict)  # bundle index -> Ray node id
+    actors: dict[int, _Actor] = field(default_factory=dict)
+
+
+class RayExecutor:
+    """Runs each attempt as a gang of actors in one placement group on a Ray cluster."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        slot_resource: str | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        placement_timeout: float = 60.0,
+        cpus_per_replica: float = 0.0,
+        inventory_ttl: float = 1.0,
+        init: bool = True,
+    ) -> None:
+        if placement_timeout <= 0:
+            raise ExecutorError(f"placement timeout must be > 0, got {placement_timeout}")
+        self.namespace = namespace
+        self.placement_timeout = placement_timeout
+        self.cpus_per_replica = cpus_per_replica
+        self.inventory_ttl = inventory_ttl
+        if init and not ray.is_initialized():
+            kwargs: dict[str, Any] = {}
+            if address is None and slot_resource not in (None, "GPU", "CPU"):
+                # A fresh local cluster: give this machine the slot resource (one per CPU).
+                kwargs["resources"] = {slot_resource: float(os.cpu_count() or 1)}
+            try:
+                ray.init(
+                    address=address,
+                    namespace=namespace,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                    configure_logging=False,
+                    **kwargs,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = address or "a new local cluster"
+                raise ExecutorError(f"cannot connect to Ray at {where}: {exc}") from exc
+        self._runner = ray.remote(ReplicaRunner)
+        self._groups: dict[str, _Group] = {}
+        self._node_ids: dict[str, str] = {}  # node name -> Ray node id
+        self._dead_ids: set[str] = set()
+        self._inventory: list[NodeInventory] = []
+        self._inventory_at = -float("inf")
+        self._scanned_at = -float("inf")
+        self._raw_nodes = self._ray_nodes()
+        if slot_resource is None:
+            has_gpus = any(n["Resources"].get("GPU", 0) > 0 for n in self._raw_nodes)
+            slot_resource = "GPU" if has_gpus else "CPU"
+        self.slot_resource = slot_resource
+
+    # -- inventory ------------------------------------------------------------------------
+    def _ray_nodes(self) -> list[dict[str, Any]]:
+        try:
+            return list(ray.nodes())
+        except Exception as exc:  # GCS unreachable: surface as the executor's error
+            raise ExecutorError(f"cannot list Ray nodes: {exc}") from exc
+
+    def nodes(self) -> list[NodeInventory]:
+        """Alive nodes with at least one slot, by name (cached for ``inventory_ttl``)."""
+        now = time.monotonic()
+        if now - self._inventory_at < self.inventory_ttl:
+            return list(self._inventory)
+        raw = self._ray_nodes()
+        inventory = []
+        for n in raw:
+            if not n.get("Alive"):
+                self._dead_ids.add(str(n["NodeID"]))
+                continue
+            slots = int(n.get("Resources", {}).get(self.slot_resource, 0))
+            if slots <= 0:
+                continue
+            name = node_name(str(n["NodeManagerAddress"]), str(n["NodeID"]))
+            self._node_ids[name] = str(n["NodeID"])
+            inventory.append(NodeInventory(name, slots))
+        self._inventory = sorted(inventory, key=lambda x: x.name)
+        self._inventory_at = now
+        return list(self._inventory)
+
+    def slots(self) -> int:
+        return sum(n.slots for n in self.nodes())
+
+    def uses_gpus(self) -> bool:
+        return self.slot_resource == "GPU"
+
+    # -- launch ---------------------------------------------------------------------------
+    def _bundle(self) -> dict[str, float]:
+        bundle = {self.slot_resource: 1.0}
+        if self.cpus_per_replica > 0 and self.slot_resource != "CPU":
+            bundle["CPU"] = self.cpus_per_replica
+        return bundle
+
+    def _actor_options(self, pg: PlacementGroup, index: int, name: str) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "lifetime": "detached",
+            "max_restarts": 0,
+            "num_cpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=index
+            ),
+        }
+        if self.slot_resource == "GPU":
+            opts["num_gpus"] = 1
+        elif self.slot_resource == "CPU":
+            opts["num_cpus"] = 1
+        else:
+            opts["resources"] = {self.slot_resource: 1.0}
+        if self.cpus_per_replica > 0 and self.slot_resource != "CPU":
+            opts["num_cpus"] = self.cpus_per_replica
+        return opts
+
+    def launch_group(self, specs: Sequence[ReplicaSpec]) -> list[ReplicaHandle | ExecutorError]:
+        """Create the attempt's placement group and its actors; returns at once."""
+        if not specs:
+            return []
+        run_dir = specs[0].run_dir
+        if any(s.run_dir != run_dir for s in specs):
+            raise ExecutorError("one group is one attempt: specs with different run_dir")
+        if [s.rank for s in specs] != list(range(len(specs))):
+            raise ExecutorError("a group needs ranks 0..n-1 in order")
+        self.nodes()
+        missing = sorted({s.node for s in specs if s.node not in self._node_ids})
+        if missing:
+            err = ExecutorError(f"not in the Ray cluster: node(s) {', '.join(missing)}")
+            return [err] * len(specs)
+        key = group_key(run_dir)
+        try:
+            pg = placement_group(
+                [self._bundle() for _ in specs],
+                strategy="PACK",
+                name=f"coadapt-{key}",
+                lifetime="detached",
+                bundle_label_selector=[{NODE_ID_LABEL: self._node_ids[s.node]} for s in specs],
+            )
+            group = _Group(pg=pg, seen=time.monotonic(), ready_ref=pg.ready())
+            self._groups[key] = group
+            master = actor_name(run_dir, 0)
+            for i, spec in enumerate(specs):
+                name = actor_name(run_dir, spec.rank)
+                job = {
+                    "argv": list(spec.argv),
+                    "cwd": spec.cwd,
+                    "log_path": spec.log_path,
+                    "rank": spec.rank,
+                    "gpus": self.uses_gpus(),
+                    # Only what coadapt (or the job spec) set: the node keeps its own PATH etc.
+                    "overlay": {k: v for k, v in spec.env.items() if os.environ.get(k) != v},
+                }
+                handle = self._runner.options(**self._actor_options(pg, i, name)).remote(
+                    job, None if spec.rank == 0 else master, self.namespace
+                )
+                group.actors[spec.rank] = _Actor(handle=handle)
+        except Exception as exc:  # Ray refused the request: nothing of it may linger
+            self._release(key)
+            err = ExecutorError(f"cannot create the placement group: {exc}")
+            return [err] * len(specs)
+        return [ReplicaHandle(0, None, run_dir, s.rank) for s in specs]
+
+    # -- observe --------------------------------------------------------------------------
+    def _group(self, run_dir: str) -> _Group | None:
+        """The attempt's group, adopting one created by an earlier controller process."""
+        key = group_key(run_dir)
+        group = self._groups.get(key)
+        if group is not None:
+            return group
+        try:
+            pg = get_placement_group(f"coadapt-{key}")
+        except ValueError:
+            return None
+        if placement_group_table(pg).get("state") == "REMOVED":
+            return None
+        group = _Group(pg=pg, seen=time.monotonic(), ready_ref=pg.ready())
+        self._groups[key] = group
+        return group
+
+    def _node_dead(self, node_id: str | None) -> bool:
+        if node_id is None:
+            return False
+        self._inventory_at = -float("inf")  # refresh now: a death is news
+        self.nodes()
+        return node_id in self._dead_ids
+
+    def poll(self, handle: ReplicaHandle) -> ReplicaStatus:
+        group = self._group(handle.run_dir)
+        if group is None:
+            return ReplicaStatus(ReplicaPhase.LOST, None, "placement group gone")
+        if group.failed is not None:
+            return ReplicaStatus(ReplicaPhase.EVICTED, None, group.failed)
+        if not group.ready:
+            done, _ = ray.wait([group.ready_ref], timeout=0)
+            if not done:
+                waited = time.monotonic() - group.seen
+                if waited < self.placement_timeout:
+                    return ReplicaStatus(ReplicaPhase.RUNNING, None, "waiting for placement")
+                group.failed = (
+                    f"placement group not placed within {self.placement_timeout:.0f}s "
+                    "(resources taken, or a node left)"
+                )
+                self._release(group_key(handle.run_dir), forget=False)
+                return ReplicaStatus(ReplicaPhase.EVICTED, None, group.failed)
+            group.ready = True
+            table = placement_group_table(group.pg)
+            group.nodes = {int(i): str(n) for i, n in table.get("bundles_to_node_id", {}).items()}
+        actor = group.actors.setdefault(handle.rank, _Actor())
+        if actor.final is not None:
+            return actor.final
+        if actor.handle is None:
+            try:
+                actor.handle = ray.get_actor(
+                    actor_name(handle.run_dir, handle.rank), namespace=self.namespace
+                )
+            except ValueError:
+                actor.final = ReplicaStatus(ReplicaPhase.LOST, None, "replica actor not found")
+                return actor.final
+        if actor.pending is None:
+            actor.pending = actor.handle.status.remote()
+        done, _ = ray.wait([actor.pending], timeout=0)
+        if done:
+            ref, actor.pending = actor.pending, None
+            try:
+                actor.last = ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as exc:
+                node = group.nodes.get(handle.rank)
+                if self._node_dead(node) or "node has died" in str(exc):
+                    nid = (node or "?")[:8]
+                    actor.final = ReplicaStatus(
+                        ReplicaPhase.EVICTED, None, f"node {nid} died under the replica"
+                    )
+                else:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else "died"
+                    actor.final = ReplicaStatus(ReplicaPhase.LOST, None, f"actor died: {first}")
+                return actor.final
+            except ray.exceptions.RayError as exc:
+                return ReplicaStatus(ReplicaPhase.RUNNING, None, f"status unavailable: {exc}")
+        last = actor.last
+        if last is None or last.get("code") is None:
+            return ReplicaStatus(ReplicaPhase.RUNNING)
+        actor.final = ReplicaStatus(ReplicaPhase.EXITED, int(last["code"]), str(last["reason"]))
+        return actor.final
+
+    def stop(self, handle: ReplicaHandle, force: bool = False) -> None:
+        """SIGTERM (or SIGKILL) the training process through its actor; never waits."""
+        group = self._group(handle.run_dir)
+        if group is None or group.failed is not None:
+            return
+        actor = group.actors.setdefault(handle.rank, _Actor())
+        if actor.final is not None:
+            return
+        if actor.handle is None:
+            try:
+                actor.handle = ray.get_actor(
+                    actor_name(handle.run_dir, handle.rank), namespace=self.namespace
+                )
+            except ValueError:
+                return
+        actor.handle.stop.remote(force)
+        if force and not group.ready:
+            # Not placed yet, so nothing to checkpoint: give the group up right away.
+            group.failed = "stopped before it was placed"
+            self._release(group_key(handle.run_dir), forget=False)
+
+    def recover(self, run_dir: str, rank: int) -> ReplicaHandle | None:
+        try:
+            ray.get_actor(actor_name(run_dir, rank), namespace=self.namespace)
+        except ValueError:
+            return None
+        return ReplicaHandle(0, None, run_dir, rank)
+
+    # -- release --------------------------------------------------------------------------
+    def _release(self, key: str, forget: bool = True) -> None:
+        """Remove the group (Ray kills the actors in it; their children follow by
+        PDEATHSIG)."""
+        group = self._groups.get(key)
+        if forget:
+            self._groups.pop(key, None)
+        pg = group.pg if group is not None else None
+        if pg is None:
+            try:
+                pg = get_placement_group(f"coadapt-{key}")
+            except ValueError:
+                return
+        with contextlib.suppress(Exception):  # already removed, or the GCS is away: retried
+            remove_placement_group(pg)
+
+    def retain(self, run_dirs: Collection[str]) -> None:
+        """Remove the groups of attempts that have no live replica left."""
+        keep = {group_key(d) for d in run_dirs}
+        for key in [k for k in self._groups if k not in keep]:
+            self._release(key)
+        now = time.monotonic()
+        if now - self._scanned_at < 10.0:
+            return
+        self._scanned_at = now
+        # Groups this process never saw (an earlier controller's): only our namespace's.
+        try:
+            table = placement_group_table()
+        except Exception as exc:
+            raise ExecutorError(f"cannot list placement groups: {exc}") from exc
+        for info in table.values():
+            name = str(info.get("name", ""))
+            if not name.startswith("coadapt-") or info.get("state") == "REMOVED":
+                continue
+            key = name.removeprefix("coadapt-")
+            if key in keep:
+                continue
+            with contextlib.suppress(ValueError):
+                pg = get_placement_group(name)  # raises unless the group is in our namespace
+                if pg.id.hex() == info.get("placement_group_id"):
+                    with contextlib.suppress(Exception):
+                        remove_placement_group(pg)
