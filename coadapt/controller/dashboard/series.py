@@ -1,0 +1,71 @@
+"""Time series of a job's system figures (batch size, LR scale, φ, goodput, step), for plots.
+
+A job's ``progress`` and ``goodput`` records only replace the latest values in
+``jobs.report``; the dashboard needs their history. Each such record is also written as rows
+of the ``metrics`` table under reserved names (``coadapt/batch_size``, ...), in one
+transaction per record. User metrics (``kind="metric"``) keep their own names; the public
+``GET /api/v1/jobs/{id}/metrics`` hides the reserved ones, so its contract is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from coadapt.controller.errors import StorageError
+from coadapt.controller.models import MetricRow
+from coadapt.controller.store import Store
+
+PREFIX = "coadapt/"
+
+#: record kind -> (record field -> series name)
+FIELDS: dict[str, dict[str, str]] = {
+    "progress": {
+        "step": "step",
+        "epoch": "epoch",
+        "batch_size": "batch_size",
+        "local_bsz": "local_bsz",
+        "accum_steps": "accum_steps",
+        "replicas": "replicas",
+        "lr_scale": "lr_scale",
+        "pgns": "pgns",
+        "loss": "loss",
+    },
+    "goodput": {"current_goodput": "goodput", "best_goodput": "best_goodput", "pgns": "pgns"},
+}
+
+
+def is_series(name: str) -> bool:
+    """True for the reserved names this module writes (hidden from the public metrics list)."""
+    return name.startswith(PREFIX)
+
+
+def _value(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def record_series(store: Store, job_id: str, record: dict[str, Any], now: float) -> None:
+    """Append the plottable figures of one ingested record (no-op for other kinds)."""
+    fields = FIELDS.get(str(record.get("kind")))
+    if not fields:
+        return
+    step = record.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    rows = []
+    for key, name in fields.items():
+        value = _value(record.get(key))
+        if value is not None:
+            rows.append(MetricRow(job_id=job_id, time=now, name=PREFIX + name, value=value,
+                                  step=step))
+    if not rows:
+        return
+    try:
+        with Session(store.engine) as s, s.begin():
+            s.add_all(rows)
+    except OperationalError as exc:
+        raise StorageError(f"database error: {exc.orig}") from exc
