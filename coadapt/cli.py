@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     from coadapt.controller import cli as controller_cli
 
     controller_cli.add_parsers(sub)
+    from coadapt.tune import cli as tune_cli
+
+    tune_cli.add_parsers(sub)
     from coadapt import demo
 
     demo.add_parser(sub)

@@ -16,7 +16,7 @@ are mapped to their status here and nowhere else.
 # definition time, and the ``Auth`` dependency alias is local to :func:`create_app`.
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from coadapt import __version__
+from coadapt.controller.dashboard.series import is_series, record_series
 from coadapt.controller.errors import ControllerError, ForbiddenError, NotFoundError, SpecError
 from coadapt.controller.prom import metrics_registry
 from coadapt.controller.snapshot import speedup
@@ -50,6 +51,19 @@ class ApiContext:
     clock: Callable[[], float]
     on_change: Callable[[], None] = lambda: None
     round_info: Callable[[], dict[str, Any]] = dict
+    jobs_dir: Path | None = None  # job logs and checkpoints (default: STATE_DIR/jobs)
+    # The nodes the loop saw last, as (name, slots): nodes join and leave on Ray clusters.
+    # None means one node "local" with ``slots`` slots (tests, single machine).
+    inventory: Callable[[], Sequence[tuple[str, int]]] | None = None
+
+    def nodes(self) -> list[tuple[str, int]]:
+        """The current inventory; never calls the executor (that is the loop's job)."""
+        if self.inventory is None:
+            return [("local", self.slots)]
+        return [(str(name), int(n)) for name, n in self.inventory()]
+
+    def total_slots(self) -> int:
+        return sum(n for _, n in self.nodes())
 
 
 class TenantIn(BaseModel):
@@ -128,6 +142,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     Auth = Annotated[Tenant, Depends(tenant)]
 
+    from coadapt.tune.api import tune_router
+    from coadapt.tune.store import TuneStore
+
+    app.include_router(tune_router(TuneStore(store), ctx.clock, tenant, ctx.on_change))
+
     def names() -> dict[str, str]:
         return {t.id: t.name for t in store.tenants()}
 
@@ -198,6 +217,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return [
             {"time": m.time, "name": m.name, "value": m.value, "step": m.step}
             for m in store.metrics(job_id)
+            if not is_series(m.name)  # the dashboard's series (see dashboard/series.py)
         ]
 
     @app.get("/api/v1/jobs/{job_id}/logs", tags=["jobs"])
@@ -212,7 +232,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         """A chunk of one replica's log from byte ``offset`` (poll ``next_offset`` to follow)."""
         job = store.get_job(job_id, me)
         att = attempt if attempt is not None else max(job.attempt, 1)
-        path = ctx.state_dir / "jobs" / job.id / "logs" / f"attempt-{att}.rank-{rank}.log"
+        jobs_dir = ctx.jobs_dir or ctx.state_dir / "jobs"
+        path = jobs_dir / job.id / "logs" / f"attempt-{att}.rank-{rank}.log"
         data = b""
         if path.is_file():
             with open(path, "rb") as fh:
@@ -251,9 +272,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         """Nodes, slots, allocations and per-job goodput, speedup and batch size."""
         live = store.replicas(statuses=("starting", "live"))
         slots_of: dict[str, list[int]] = {}
+        used_on: dict[str, int] = {}
         for rep in live:
             slots_of.setdefault(rep.job_id, []).append(rep.slot)
+            used_on[rep.node] = used_on.get(rep.node, 0) + 1
         used = sum(len(v) for v in slots_of.values())
+        nodes = ctx.nodes()
         tn = names()
         active = store.list_jobs(
             me, states=(JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
@@ -266,14 +290,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
             jobs.append(view)
         return {
             "policy": ctx.policy,
-            "slots": ctx.slots,
+            "slots": sum(n for _, n in nodes),
             "used": used,
-            "nodes": [{"name": "local", "slots": ctx.slots, "used": used}],
+            "nodes": [
+                {"name": name, "slots": n, "used": used_on.get(name, 0)} for name, n in nodes
+            ],
             "round": ctx.round_info(),
             "jobs": jobs,
         }
 
-    registry = metrics_registry(store, ctx.slots)
+    registry = metrics_registry(store, ctx.total_slots)
 
     @app.get("/metrics", tags=["meta"], response_class=Response)
     def prometheus_metrics(me: Auth) -> Response:
@@ -287,6 +313,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise ForbiddenError("only the admin token can scrape /metrics")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    from coadapt.controller.dashboard.routes import mount_dashboard  # imports this module
+
+    mount_dashboard(app, ctx, tenant)
     return app
 
 
@@ -339,3 +368,4 @@ def ingest_record(store: Store, job_id: str, record: dict[str, Any], now: float)
             {"checkpoint": record.get("checkpoint")},
         )
     store.merge_report(job_id, patch)
+    record_series(store, job_id, record, now)

@@ -249,6 +249,13 @@ def cmd_server(args: argparse.Namespace) -> int:
                 restart_delay=args.restart_delay,
                 backoff=args.backoff,
                 seed=args.seed,
+                tune_policy=args.tune_policy,
+                executor=args.executor,
+                ray_address=args.ray_address,
+                ray_slot_resource=args.ray_slot_resource,
+                ray_namespace=args.ray_namespace,
+                placement_timeout=args.placement_timeout,
+                shared_dir=Path(args.shared_dir) if args.shared_dir else None,
             )
         )
     except ControllerError as exc:
@@ -298,6 +305,36 @@ def add_parsers(subparsers: Any) -> None:
     )
     p.add_argument("--backoff", type=float, default=2.0, help="first retry delay (seconds)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tune-policy",
+        default="ei-per-gpu",
+        help="cross-tenant tuning policy: ei-per-gpu (default), algorithm1 or fifo",
+    )
+    p.add_argument(
+        "--executor", default="local", help="where replicas run: local (default) or ray"
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join, e.g. HEAD_IP:6379 (default: start a local Ray)",
+    )
+    p.add_argument(
+        "--ray-slot-resource",
+        default=None,
+        help="Ray resource that counts slots (default: GPU if the cluster has GPUs, else CPU)",
+    )
+    p.add_argument("--ray-namespace", default="coadapt", help="Ray namespace of actors and groups")
+    p.add_argument(
+        "--placement-timeout",
+        type=float,
+        default=60.0,
+        help="seconds before an unplaced Ray placement group is given up",
+    )
+    p.add_argument(
+        "--shared-dir",
+        default=None,
+        help="job checkpoints and logs, on a path every node mounts (default: the state dir)",
+    )
     p.set_defaults(func=cmd_server)
 
     p = subparsers.add_parser("submit", parents=[common], help="submit job specs (YAML/JSON)")

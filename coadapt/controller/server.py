@@ -33,7 +33,7 @@ from coadapt.controller.paths import (
 )
 from coadapt.controller.reconciler import Controller, ControllerConfig
 from coadapt.controller.store import Store
-from coadapt.executors import Executor, LocalExecutor
+from coadapt.executors import Executor, ExecutorError, create_executor
 from coadapt.policies import POLICY_NAMES, make_policy
 
 log = logging.getLogger("coadapt.controller")
@@ -71,6 +71,14 @@ class ServerOptions:
     backoff: float = 2.0
     seed: int = 0
     log_level: str = "warning"
+    tune_policy: str = "ei-per-gpu"  # cross-tenant tuning policy (coadapt.tune.policies)
+    tune_tick: float = 1.0
+    executor: str = "local"  # or "ray" (coadapt.executors.ray_executor)
+    ray_address: str | None = None  # None with --executor ray: start a local Ray cluster
+    ray_slot_resource: str | None = None  # None: GPU if the cluster has GPUs, else CPU
+    ray_namespace: str = "coadapt"
+    placement_timeout: float = 60.0  # give up a placement group not placed by then
+    shared_dir: Path | None = None  # job dirs (checkpoints, logs) where every node sees them
 
 
 def build(
@@ -83,11 +91,31 @@ def build(
         )
     if options.interval <= 0:
         raise SpecError(f"--interval: {options.interval} is invalid; accepted: seconds > 0")
+    from coadapt.tune.policies import POLICY_NAMES as TUNE_POLICIES
+    from coadapt.tune.runner import TuneRunner
+
+    if options.tune_policy not in TUNE_POLICIES:
+        raise SpecError(
+            f"--tune-policy: unknown policy {options.tune_policy!r}; "
+            f"accepted: {', '.join(TUNE_POLICIES)}"
+        )
+    if executor is None:
+        try:
+            executor = create_executor(
+                options.executor,
+                slots=options.slots,
+                ray_address=options.ray_address,
+                ray_slot_resource=options.ray_slot_resource,
+                ray_namespace=options.ray_namespace,
+                placement_timeout=options.placement_timeout,
+            )
+        except ExecutorError as exc:
+            raise SpecError(str(exc)) from exc
     state_dir = options.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(options.db or sqlite_url(state_dir / "coadapt.db"))
     ensure_admin_token(store, state_dir, clock())
-    executor = executor or LocalExecutor(slots=options.slots)
+    shared_dir = options.shared_dir.resolve() if options.shared_dir is not None else None
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
     config = ControllerConfig(
         state_dir=state_dir,
@@ -97,8 +125,12 @@ def build(
         restart_delay=options.restart_delay,
         seed=options.seed,
         metrics_base_url=f"http://{host}:{options.port}",
+        shared_dir=shared_dir,
     )
     controller = Controller(store, executor, make_policy(options.policy), config, clock)
+    tuner = TuneRunner(
+        store, controller.slots, options.tune_policy, clock, on_change=controller.poke
+    )
     stop = threading.Event()
 
     def round_info() -> dict[str, Any]:
@@ -117,6 +149,8 @@ def build(
         clock=clock,
         on_change=controller.poke,
         round_info=round_info,
+        jobs_dir=controller.job_dir("_").parent,
+        inventory=lambda: [(n.name, n.gpus) for n in controller.nodes],
     )
     app = create_app(ctx)
 
@@ -126,12 +160,18 @@ def build(
             target=controller.run, args=(stop, options.tick), name="coadapt-loop", daemon=True
         )
         thread.start()
+        tune_thread = threading.Thread(
+            target=tuner.run, args=(stop, options.tune_tick), name="coadapt-tune", daemon=True
+        )
+        tune_thread.start()
         try:
             yield
         finally:
             stop.set()
             controller.poke()
             thread.join(timeout=10)
+            tune_thread.join(timeout=10)
+            tuner.close()
 
     app.router.lifespan_context = lifespan
     return app, controller, store

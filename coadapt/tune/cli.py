@@ -1,0 +1,184 @@
+"""``coadapt tune``: submit, list, show and cancel tuning experiments on a live controller.
+
+Finds the controller and token like the job commands (``--server``/``$COADAPT_SERVER``/the
+state dir's ``server.json``; ``--token``/``$COADAPT_TOKEN``/the local admin token) and uses the
+same exit codes: 0 ok, 2 invalid input (a bad spec is rejected locally, naming each field,
+before anything is sent), 3 controller unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from coadapt.controller.cli import _fmt, _run_client, _table
+from coadapt.controller.client import Client
+
+
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    from coadapt.tune.spec import load_experiment_file
+
+    for path in args.files:
+        spec = load_experiment_file(path)  # SpecError -> exit 2, naming the fields
+        out = client.request("POST", "/api/v1/experiments", json=spec.model_dump(mode="json"))
+        print(out["experiment"]["id"])
+    return 0
+
+
+def cmd_ls(client: Client, args: argparse.Namespace) -> int:
+    exps = client.request("GET", "/api/v1/experiments")["experiments"]
+    if args.json:
+        print(json.dumps(exps, indent=2))
+        return 0
+    rows = [
+        [
+            e["id"],
+            e["name"],
+            e["tenant"],
+            e["state"],
+            str(e["n_trials"]),
+            str(e["n_running"]),
+            f"{e['objective']['metric']} ({e['objective']['direction'][:3]})",
+            _fmt(e["best_value"], 4),
+            _fmt(e["target"], 4),
+        ]
+        for e in exps
+    ]
+    _table(
+        rows, ["ID", "NAME", "TENANT", "STATE", "TRIALS", "RUNNING", "OBJECTIVE", "BEST", "TARGET"]
+    )
+    return 0
+
+
+def _params(p: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_fmt(v, 4) if isinstance(v, float) else v}" for k, v in p.items())
+
+
+def cmd_show(client: Client, args: argparse.Namespace) -> int:
+    data = client.request("GET", f"/api/v1/experiments/{args.experiment}")
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        e = data["experiment"]
+        obj = e["objective"]
+        print(f"{e['id']}  {e['name']}  ({e['tenant']})  {e['state']}")
+        print(f"  objective: {obj['direction']} {obj['metric']}, target {_fmt(e['target'], 4)}")
+        print(f"  best so far: {_fmt(e['best_value'], 4)} (trial #{_fmt(e['best_trial'])})")
+        print(
+            f"  trials: {e['n_trials']} ({e['n_running']} running); sampler {e['sampler']}, "
+            f"parallelism {e['parallelism']}"
+        )
+        if e.get("policy_note"):
+            print(f"  scheduler: {e['policy_note']}")
+        if e.get("reason"):
+            print(f"  reason: {e['reason']}")
+        rows = [
+            [
+                str(t["number"]),
+                t["state"],
+                _fmt(t["value"], 4),
+                str(len(t["curve"])),
+                str(t["attempts"]),
+                t["job_id"] or "-",
+                _params(t["params"]),
+            ]
+            for t in data["trials"]
+        ]
+        _table(rows, ["#", "STATE", "VALUE", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
+    if args.plot:
+        plot_experiment(data, Path(args.plot))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def plot_experiment(data: dict[str, Any], out: Path) -> None:
+    """Best value over time (left) and every trial's learning curve (right) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    e = data["experiment"]
+    t0 = float(e["created_at"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    hist = data["best_history"]
+    if hist:
+        xs = [h[0] - t0 for h in hist]
+        ys = [h[1] for h in hist]
+        end = (e.get("finished_at") or hist[-1][0]) - t0
+        ax1.step([*xs, max(end, xs[-1])], [*ys, ys[-1]], where="post", color="C0", label="best")
+        ax1.plot(xs, ys, "o", color="C0", ms=3)
+    for t in data["trials"]:
+        if t["value"] is not None and t["ended_at"] is not None:
+            ax1.plot(t["ended_at"] - t0, t["value"], ".", color="0.6", ms=4)
+    if e.get("target") is not None:
+        for ax in (ax1, ax2):
+            ax.axhline(e["target"], color="C3", ls="--", lw=1, label="target")
+    ax1.set_xlabel("seconds since submission")
+    ax1.set_ylabel(e["objective"]["metric"])
+    ax1.set_title(f"{e['name']}: best so far")
+    colours = {"SUCCEEDED": "C2", "PRUNED": "C1", "FAILED": "C3", "RUNNING": "C0"}
+    for t in data["trials"]:
+        curve = [
+            p for p in t["curve"] if all(isinstance(v, int | float) and math.isfinite(v) for v in p)
+        ]
+        if curve:
+            ax2.plot(
+                [p[0] for p in curve],
+                [p[1] for p in curve],
+                lw=1,
+                alpha=0.7,
+                color=colours.get(t["state"], "0.5"),
+            )
+    ax2.set_xlabel("step")
+    ax2.set_ylabel(e["objective"]["metric"])
+    ax2.set_title("trials (green done, orange pruned, red failed)")
+    ax1.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    for exp_id in args.experiments:
+        out = client.request("POST", f"/api/v1/experiments/{exp_id}/cancel")
+        print(f"{out['experiment']['id']} {out['experiment']['state']}")
+    return 0
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register ``coadapt tune {submit,ls,show,cancel}``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", default=None, help="controller URL")
+    common.add_argument("--token", default=None, help="API token")
+    common.add_argument("--state-dir", default=None, help="local state dir")
+    p = subparsers.add_parser("tune", help="multi-tenant hyper-parameter tuning experiments")
+    sub = p.add_subparsers(dest="tune_command", metavar="ACTION", required=True)
+
+    sp = sub.add_parser("submit", parents=[common], help="submit experiment specs (YAML/JSON)")
+    sp.add_argument("files", nargs="+")
+    sp.set_defaults(func=_run_client(cmd_submit))
+
+    sp = sub.add_parser("ls", parents=[common], help="list experiments")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_run_client(cmd_ls))
+
+    sp = sub.add_parser("show", parents=[common], help="trials, best so far, optional PNG")
+    sp.add_argument("experiment")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument(
+        "--plot",
+        default=None,
+        metavar="OUT.png",
+        help="write best value over time and the trials' curves",
+    )
+    sp.set_defaults(func=_run_client(cmd_show))
+
+    sp = sub.add_parser("cancel", parents=[common], help="cancel experiments")
+    sp.add_argument("experiments", nargs="+")
+    sp.set_defaults(func=_run_client(cmd_cancel))
