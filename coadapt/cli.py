@@ -8,6 +8,7 @@ errors to exit code 2 with a one-line message.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -52,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("coadapt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `coadapt ls | head`: the reader left; not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush is silent
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -58,6 +58,14 @@ def _params(p: dict[str, Any]) -> str:
     return " ".join(f"{k}={_fmt(v, 4) if isinstance(v, float) else v}" for k, v in p.items())
 
 
+def _peak(curve: list[list[float]], direction: str) -> float | None:
+    """The trial's best reported value (what the experiment's best and target use)."""
+    values = [float(p[1]) for p in curve if len(p) > 1 and isinstance(p[1], int | float)]
+    if not values:
+        return None
+    return max(values) if direction == "maximize" else min(values)
+
+
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
     data = client.request("GET", f"/api/v1/experiments/{args.experiment}")
     if args.json:
@@ -67,7 +75,10 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         obj = e["objective"]
         print(f"{e['id']}  {e['name']}  ({e['tenant']})  {e['state']}")
         print(f"  objective: {obj['direction']} {obj['metric']}, target {_fmt(e['target'], 4)}")
-        print(f"  best so far: {_fmt(e['best_value'], 4)} (trial #{_fmt(e['best_trial'])})")
+        print(
+            f"  best so far: {_fmt(e['best_value'], 4)} (trial #{_fmt(e['best_trial'])}; the best"
+            " value reported at any step, PEAK below; VALUE is a trial's final report)"
+        )
         print(
             f"  trials: {e['n_trials']} ({e['n_running']} running); sampler {e['sampler']}, "
             f"parallelism {e['parallelism']}"
@@ -81,6 +92,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
                 str(t["number"]),
                 t["state"],
                 _fmt(t["value"], 4),
+                _fmt(_peak(t["curve"], obj["direction"]), 4),
                 str(len(t["curve"])),
                 str(t["attempts"]),
                 t["job_id"] or "-",
@@ -88,7 +100,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
             ]
             for t in data["trials"]
         ]
-        _table(rows, ["#", "STATE", "VALUE", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
+        _table(rows, ["#", "STATE", "VALUE", "PEAK", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
     if args.plot:
         plot_experiment(data, Path(args.plot))
         print(f"wrote {args.plot}", file=sys.stderr)
