@@ -167,6 +167,10 @@ def run_live_demo(
                                stop_timeout=15) as controller,
             Client(controller.url, controller.admin_token) as client,
         ):
+            console.print(
+                f"dashboard: {controller.url}/#token={controller.admin_token} "
+                "(open it while the demo runs)"
+            )
             return _drive(client, jobs, slots, out_dir, timeout, console)
     except ControllerStartError as exc:
         console.print(f"[red]coadapt demo: {exc}")
