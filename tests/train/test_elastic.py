@@ -46,9 +46,12 @@ def test_one_two_one_replicas_keep_state_and_data_order(tmp_path: Path,
                                                         uninterrupted: list[dict]) -> None:
     log, ck = tmp_path / "log", tmp_path / "ck"
     assert launch(1, ck, log, "--max-steps", "30", "--stop-at-step", "5") == 0
-    # Phase 2 at two replicas, stopped by a SIGTERM to run-local (forwarded to both).
+    # Phase 2 at two replicas, held at step 10 (so a loaded machine cannot run past the
+    # reference's 30 steps before the signal lands), stopped by a SIGTERM to run-local
+    # (forwarded to both): they agree through the next all-reduce and stop after step 11.
     cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", "--checkpoint-dir",
-           str(ck), str(TINY), "--log", str(log), "--max-steps", "100000"]
+           str(ck), str(TINY), "--log", str(log), "--max-steps", "100000",
+           "--hold-at-step", "10", "--hold-world", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -36,7 +36,9 @@ def main() -> None:
     p.add_argument("--stop-at-step", type=int, default=None, help="rank 0 SIGTERMs itself")
     p.add_argument("--adam", action="store_true")
     p.add_argument("--hold-at-step", type=int, default=None,
-                   help="at one replica, wait after this step until asked to stop (rescale)")
+                   help="wait after this step until asked to stop (rescale), at --hold-world")
+    p.add_argument("--hold-world", type=int, default=1,
+                   help="hold only when running at this many replicas (every rank holds)")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -67,7 +69,7 @@ def main() -> None:
                      "indices": loader.last_global_indices.tolist()})
                 if ctx.rank == 0 and model.steps == args.stop_at_step:
                     os.kill(os.getpid(), signal.SIGTERM)
-                if ctx.world_size == 1 and model.steps == args.hold_at_step:
+                if ctx.world_size == args.hold_world and model.steps == args.hold_at_step:
                     deadline = time.monotonic() + 60  # bounded: the test SIGTERMs us
                     while not ctx.stop_requested and time.monotonic() < deadline:
                         time.sleep(0.01)
