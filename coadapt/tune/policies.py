@@ -7,8 +7,11 @@ per-experiment memory (persisted by the caller and handed back next round). The 
 loop (:mod:`coadapt.tune.runner`), the simulator (:mod:`coadapt.tune.sim`) and the tests call
 the same functions, so what the benchmark measures is what the controller runs.
 
-Trials are never preempted: a grant below what an experiment already runs only means it
-starts nothing new. So every policy hands out only the *free* slots, in its own order.
+A grant below what an experiment already runs only means it starts nothing new; a running
+trial is stopped only when a policy names it in :attr:`Grant.stop` (a :class:`Stop`: the trial
+number and the experiment its slot goes to). The caller stops those first (cancels the job,
+tells Optuna PRUNED with the last intermediate value), then starts
+``slots - (running - len(stop))`` new trials. ``fifo`` and ``algorithm1`` never preempt.
 
 Policies (``--tune-policy``):
 
@@ -50,6 +53,24 @@ Policies (``--tune-policy``):
     that has had no trial running for ``starve_factor`` typical trial durations is served
     before any score.
     Without a target, the target is taken as best + 2 standard deviations of its results.
+
+    Preemption (cross-tenant early stopping). When no slot is free and an experiment still
+    wants one, a running trial may give up its slot. The trial's worth is the gap fraction it
+    is expected to close (its marginal contribution to the closure above, from its
+    learning-curve prediction) per GPU-second it still needs (its measured seconds per step
+    times the steps left); the alternative's worth is the waiting experiment's next-trial
+    score (a whole new trial: start-up included, via the mean trial cost). A trial is stopped
+    only if the alternative is worth ``preempt_ratio`` times more (hysteresis: a replacement
+    pays start-up again and its own outcome is uncertain), it has reported at least
+    ``min_progress`` of ``max_steps`` (and 3 points, so its curve can be extrapolated), its
+    prediction does not reach the target (mean below it), and its experiment has a target and
+    ``max_steps``. The alternative must be measured (``min_results`` results): the optimistic
+    prior of an unmeasured experiment orders free slots, it does not stop trials. A running
+    trial's expected gain counts as at least ``min_gain`` of the gap (an extrapolation is
+    never certain), so a trial with little left to run is kept: stopping it would save next
+    to nothing. The worst trial goes first; each stop hands its slot to that
+    alternative, whose next score is then the one to beat. Where trials cost little beyond
+    their start-up (the sunk part), the steps left are cheap and nothing is stopped.
 """
 
 from __future__ import annotations
@@ -65,6 +86,16 @@ import numpy as np
 from scipy.special import ndtr
 
 Curve = Sequence[tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class RunningTrial:
+    """A running trial, as far as preempting it is concerned."""
+
+    number: int  # its Optuna trial number (unique within the experiment)
+    curve: tuple[tuple[float, float], ...] = ()  # (step, value) reported so far
+    elapsed_s: float = 0.0  # GPU-seconds it has held its slot(s)
+    step_s: float | None = None  # measured seconds per step (None: elapsed / steps)
 
 
 @dataclass(frozen=True)
@@ -88,6 +119,7 @@ class ExperimentView:
     idle_since: float | None = None  # since when it has had no trial running (None: has one)
     slots_per_trial: int = 1
     state: Mapping[str, Any] = field(default_factory=dict)  # the policy's memory
+    running_trials: tuple[RunningTrial, ...] = ()  # what preemption may stop (none: nothing)
 
     @property
     def done(self) -> bool:
@@ -106,11 +138,21 @@ class ClusterView:
 
 
 @dataclass(frozen=True)
+class Stop:
+    """Preempt running trial ``trial``: its slot goes to experiment ``to``."""
+
+    trial: int
+    to: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class Grant:
-    slots: int  # trials it may have running (running + new)
+    slots: int  # trials it may have running after the stops (running - len(stop) + new)
     priority: int = 0  # job priority of its new trials (higher first)
     state: dict[str, Any] = field(default_factory=dict)
     why: str = ""
+    stop: tuple[Stop, ...] = ()  # running trials to stop first (preempted)
 
 
 Policy = Callable[[Sequence[ExperimentView], ClusterView], dict[str, Grant]]
@@ -233,6 +275,9 @@ EI_DEFAULTS: dict[str, float] = {
     "prior_closure": 0.5,  # optimistic expected fraction of the gap a measured-less trial closes
     "starve_factor": 3.0,  # idle for this many typical trial durations -> served first
     "grid": 96,  # integration points
+    "preempt_ratio": 3.0,  # stop a trial if a waiting one is worth this many times more (0: off)
+    "min_progress": 0.25,  # ... and only once it reported this fraction of max_steps
+    "min_gain": 0.01,  # a running trial's expected gain is taken as at least this gap fraction
 }
 
 
@@ -281,6 +326,49 @@ def _prediction(
     return mean, sigma
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """An experiment's distribution of outcomes, in the maximising frame."""
+
+    sign: float
+    samples: list[float]
+    best: float
+    target: float
+    bandwidth: float
+
+
+def _frame(e: ExperimentView) -> _Frame | None:
+    """Best, target and KDE bandwidth of ``e`` (None: no result or reported value yet)."""
+    sign = 1.0 if e.direction == "maximize" else -1.0
+    samples = [sign * v for v in (*e.results, *e.pruned) if math.isfinite(v)]
+    if not samples and e.best is None:
+        return None
+    best = max([sign * e.best] if e.best is not None else [], default=-math.inf)
+    best = max([best, *samples])
+    mean = sum(samples) / len(samples) if samples else best
+    sd = math.sqrt(sum((x - mean) ** 2 for x in samples) / max(len(samples) - 1, 1))
+    if e.target is not None:
+        target = sign * e.target
+    else:
+        target = best + 2.0 * max(sd, 1e-3 * max(abs(best), 1.0))
+    spread = max(sd, 1e-3 * max(abs(target - best), abs(best), 1e-6))
+    bandwidth = 1.06 * spread * max(len(samples), 1) ** -0.2
+    return _Frame(sign, samples, best, target, bandwidth)
+
+
+def _measured(e: ExperimentView, p: Mapping[str, float]) -> bool:
+    """Whether ``e`` is ranked by its own results (else by the prior)."""
+    fr = _frame(e)
+    return fr is not None and len(fr.samples) >= int(p["min_results"])
+
+
+def _mean_cost(e: ExperimentView, typical_cost: float) -> float:
+    """GPU-seconds of one more trial: the experiment's mean so far (pruned ones included)."""
+    costs = [c for c in e.trial_costs if c > 0 and math.isfinite(c)]
+    cost = sum(costs) / len(costs) if costs else typical_cost
+    return max(cost, 1e-9) * max(e.slots_per_trial, 1)
+
+
 def ei_scores(
     e: ExperimentView, q_max: int, typical_cost: float, params: Mapping[str, float] | None = None
 ) -> list[float]:
@@ -288,28 +376,14 @@ def ei_scores(
     p = {**EI_DEFAULTS, **(params or {})}
     if e.done or q_max <= 0:
         return []
-    sign = 1.0 if e.direction == "maximize" else -1.0
-    samples = [sign * v for v in (*e.results, *e.pruned) if math.isfinite(v)]
-    costs = [c for c in e.trial_costs if c > 0 and math.isfinite(c)]
-    cost = sum(costs) / len(costs) if costs else typical_cost
-    cost = max(cost, 1e-9) * max(e.slots_per_trial, 1)
-    if len(samples) < int(p["min_results"]):
+    cost = _mean_cost(e, typical_cost)
+    fr = _frame(e)
+    if fr is None or len(fr.samples) < int(p["min_results"]):
         # Not measured yet: each trial closes the gap with prior probability p0, so the q-th
         # of k = running + q parallel trials adds p0 (1 - p0)^(k-1): the first trial of an
         # unmeasured experiment outranks a second or third one (measure everyone first).
         p0 = p["prior_closure"]
         return [p0 * (1.0 - p0) ** (e.running + q) / cost for q in range(q_max)]
-    best_raw = e.best if e.best is not None else (max(samples) * sign)
-    best = sign * best_raw
-    best = max(best, max(samples))
-    mean = sum(samples) / len(samples)
-    sd = math.sqrt(sum((s - mean) ** 2 for s in samples) / max(len(samples) - 1, 1))
-    if e.target is not None:
-        target = sign * e.target
-    else:
-        target = best + 2.0 * max(sd, 1e-3 * max(abs(best), 1.0))
-    spread = max(sd, 1e-3 * max(abs(target - best), abs(best), 1e-6))
-    bandwidth = 1.06 * spread * len(samples) ** -0.2
     running: list[tuple[float, float]] = []
     unpredicted = 0
     for curve in e.curves:
@@ -317,11 +391,49 @@ def ei_scores(
         if pred is None:
             unpredicted += 1
         else:
-            running.append((sign * pred[0], pred[1]))
+            running.append((fr.sign * pred[0], pred[1]))
     unpredicted += max(e.running - len(e.curves), 0)
     qs = [unpredicted + q for q in range(q_max + 1)]
-    closure = _closures(samples, bandwidth, qs, running, best, target, int(p["grid"]))
+    closure = _closures(fr.samples, fr.bandwidth, qs, running, fr.best, fr.target, int(p["grid"]))
     return [max(b - a, 0.0) / cost for a, b in itertools.pairwise(closure)]
+
+
+def keep_scores(
+    e: ExperimentView, params: Mapping[str, float] | None = None
+) -> dict[int, float | None]:
+    """Worth of letting each running trial finish: the gap fraction it is expected to add
+    (beside the experiment's other running trials) per GPU-second it still needs. None: not
+    preemptible (too early to judge, predicted to reach the target, no target or no
+    ``max_steps``)."""
+    p = {**EI_DEFAULTS, **(params or {})}
+    out: dict[int, float | None] = {r.number: None for r in e.running_trials}
+    if e.done or e.target is None or e.max_steps is None or not e.running_trials:
+        return out
+    fr = _frame(e)
+    if fr is None:
+        return out
+    min_steps = max(3.0, p["min_progress"] * e.max_steps)
+    preds: dict[int, tuple[float, float]] = {}
+    for r in e.running_trials:
+        pred = _prediction(tuple(r.curve), e.max_steps)
+        if pred is not None:
+            preds[r.number] = (fr.sign * pred[0], pred[1])
+    grid = int(p["grid"])
+    kde = fr.samples or [fr.best]  # unused with no new draws (q = 0), but must not be empty
+    everyone = _closures(kde, fr.bandwidth, [0], list(preds.values()), fr.best, fr.target, grid)[0]
+    for r in e.running_trials:
+        if r.number not in preds or not r.curve:
+            continue
+        steps = r.curve[-1][0]
+        mu, _ = preds[r.number]
+        if steps < min_steps or steps >= e.max_steps or mu >= fr.target:
+            continue
+        others = [v for k, v in preds.items() if k != r.number]
+        without = _closures(kde, fr.bandwidth, [0], others, fr.best, fr.target, grid)[0]
+        step_s = r.step_s if r.step_s is not None and r.step_s > 0 else r.elapsed_s / steps
+        left = max(step_s * (e.max_steps - steps), 1e-9) * max(e.slots_per_trial, 1)
+        out[r.number] = max(everyone - without, p["min_gain"]) / left
+    return out
 
 
 def ei_per_gpu(
@@ -355,32 +467,78 @@ def ei_per_gpu(
     # 2. the rest by marginal expected gap closure per GPU-second
     scores = {e.id: ei_scores(e, _want(e) - extra[e.id], typical, p) for e in experiments}
     by_id = {e.id: e for e in experiments}
+
+    def next_score(e: ExperimentView) -> float | None:
+        taken = extra[e.id] - (1 if why[e.id] else 0)
+        s = scores[e.id]
+        return s[taken] if taken < len(s) else None
+
     while free > 0:
         best_id, best_score = None, -1.0
         for e in sorted(experiments, key=lambda x: (x.submit_time, x.id)):
-            s = scores[e.id]
-            taken = extra[e.id] - (1 if why[e.id] else 0)
-            if taken < len(s) and s[taken] > best_score and free >= e.slots_per_trial:
-                best_id, best_score = e.id, s[taken]
+            s = next_score(e)
+            if s is not None and s > best_score and free >= e.slots_per_trial:
+                best_id, best_score = e.id, s
         if best_id is None:  # work-conserving: a zero score still beats an idle slot
             break
         extra[best_id] += 1
         free -= by_id[best_id].slots_per_trial
+    # 3. preemption: a running trial worth far less per remaining GPU-second than a waiting
+    # experiment's next trial gives up its slot (worst ratio first)
+    stops: dict[str, list[Stop]] = {e.id: [] for e in experiments}
+    ratio = p["preempt_ratio"]
+    # only a measured alternative (its score from its own results, not the optimistic prior
+    # that makes unmeasured experiments go first) may take a running trial's slot
+    measured = {e.id for e in experiments if _measured(e, p)}
+    if ratio > 0:
+        victims = sorted(
+            (
+                (k, e.id, n)
+                for e in experiments
+                for n, k in keep_scores(e, p).items()
+                if k is not None
+            ),
+            key=lambda v: (v[0], v[1], v[2]),
+        )
+        for keep, vid, number in victims:
+            alt, alt_score = None, 0.0
+            for e in sorted(experiments, key=lambda x: (x.submit_time, x.id)):
+                s = next_score(e)
+                if (
+                    s is not None
+                    and e.id in measured
+                    and s > alt_score
+                    and e.slots_per_trial <= by_id[vid].slots_per_trial
+                ):
+                    alt, alt_score = e, s
+            if alt is None or alt_score <= ratio * keep:
+                continue
+            stops[vid].append(
+                Stop(
+                    number,
+                    alt.id,
+                    f"{keep:.3g} vs {alt_score:.3g} gap fraction per GPU-s",
+                )
+            )
+            extra[alt.id] += 1
     grants = {}
     for e in experiments:
-        s = scores[e.id]
-        head = f"{s[0]:.3g}/GPU-s" if s else "-"
+        own = scores[e.id]
+        head = f"{own[0]:.3g}/GPU-s" if own else "-"
+        st = tuple(stops[e.id])
+        cut = f", stop {len(st)}" if st else ""
         grants[e.id] = Grant(
-            e.running + extra[e.id],
+            e.running - len(st) + extra[e.id],
             0,
             dict(e.state),
-            f"ei-per-gpu: {why[e.id]}score {head}, {e.running}+{extra[e.id]}",
+            f"ei-per-gpu: {why[e.id]}score {head}, {e.running}+{extra[e.id]}{cut}",
+            st,
         )
     # Running trials' jobs keep their priority; new ones are ordered by score.
     ranked = sorted(experiments, key=lambda e: -(scores[e.id][0] if scores[e.id] else 0.0))
     for rank, e in enumerate(ranked):
         g = grants[e.id]
-        grants[e.id] = Grant(g.slots, len(ranked) - rank, g.state, g.why)
+        grants[e.id] = Grant(g.slots, len(ranked) - rank, g.state, g.why, g.stop)
     return grants
 
 

@@ -20,8 +20,9 @@ controller killed at any point resumes with no trial lost or duplicated:
 Each tick: observe every running experiment (curves from the objective's metric rows,
 success → tell the last value, failure → retry up to ``max_retries`` with a new job, early
 stopping with :func:`coadapt.tune.pruning.decide`, dead trials, stop conditions), then ask the
-cross-tenant policy (:mod:`coadapt.tune.policies`) how many trials each may run and submit the
-difference. Trials are never preempted.
+cross-tenant policy (:mod:`coadapt.tune.policies`) how many trials each may run, stop the
+running trials it preempts (job cancelled with ``tune: preempted for <experiment>``, trial
+PRUNED and told PRUNED with its curve, exactly like early stopping), and submit the difference.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from coadapt.controller.errors import (
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Job, Store
-from coadapt.tune.policies import ClusterView, ExperimentView, Grant, get_policy
+from coadapt.tune.policies import ClusterView, ExperimentView, Grant, RunningTrial, get_policy
 from coadapt.tune.store import Experiment, ExperimentState, Trial, TrialState, TuneStore
 
 log = logging.getLogger("coadapt.tune")
@@ -54,6 +55,7 @@ ACTIVE_JOB = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
 ACTIVE_TRIAL = (TrialState.PENDING, TrialState.RUNNING)
 #: Reasons the loop writes on the jobs it cancels (read back after a crash).
 WHY_PRUNED, WHY_DEAD, WHY_ENDED = "tune: pruned", "tune: dead", "tune: experiment ended"
+WHY_PREEMPTED = "tune: preempted"  # the policy gave the slot to another trial
 
 
 def _better(a: float, b: float, direction: str) -> bool:
@@ -328,9 +330,10 @@ class TuneRunner:
         reason = job.reason or ""
         cost = t.gpu_seconds + self._attempt_cost(job)
         exp, spec = live.exp, live.spec
-        if reason.startswith(WHY_PRUNED):
+        if reason.startswith((WHY_PRUNED, WHY_PREEMPTED)):
             self._tell(exp, spec, t.number, "PRUNED", None, t.curve)
-            self.store.add_event(job.id, "tune-pruned", reason, now)
+            kind = "tune-pruned" if reason.startswith(WHY_PRUNED) else "tune-preempted"
+            self.store.add_event(job.id, kind, reason, now)
             return self.tune.update_trial(
                 t.id,
                 state=TrialState.PRUNED,
@@ -577,7 +580,24 @@ class TuneRunner:
             idle_since=idle_since,
             slots_per_trial=max(width, 1),
             state=dict(live.exp.policy_state),
+            running_trials=tuple(
+                RunningTrial(
+                    t.number,
+                    tuple((float(p[0]), float(p[1])) for p in t.curve),
+                    max(now - (t.started_at if t.started_at is not None else now), 0.0),
+                    self._step_s(t.curve),
+                )
+                for t in active
+                if t.state is TrialState.RUNNING and t.job_id is not None
+            ),
         )
+
+    @staticmethod
+    def _step_s(curve: Sequence[Sequence[float]]) -> float | None:
+        """Seconds per step between the first and the last report (None: not measurable)."""
+        if len(curve) < 2 or len(curve[0]) < 3 or curve[-1][0] <= curve[0][0]:
+            return None
+        return max(curve[-1][2] - curve[0][2], 0.0) / (curve[-1][0] - curve[0][0])
 
     def _capacity(self, lives: Sequence[_Live]) -> tuple[int, int]:
         """(slots tuning may use, of those free): the cluster minus other jobs' slots."""
@@ -608,8 +628,31 @@ class TuneRunner:
             state["why"] = g.why
             if state != live.exp.policy_state:
                 live.exp = self.tune.update_experiment(live.exp.id, now, policy_state=state)
-            self._start_trials(live, g.slots - v.running, g.priority, now)
+        stopped = {live.exp.id: self._preempt(live, grants.get(live.exp.id), now) for live in lives}
+        for live, v in zip(lives, views, strict=True):  # stops first: they free the slots
+            g = grants.get(v.id)
+            if g is not None:
+                self._start_trials(live, g.slots - (v.running - stopped[v.id]), g.priority, now)
         return grants
+
+    def _preempt(self, live: _Live, grant: Grant | None, now: float) -> int:
+        """Stop the trials the policy preempts (cancel first, then settle: PRUNED, told
+        PRUNED with the curve); how many it stopped."""
+        if grant is None or not grant.stop:
+            return 0
+        n = 0
+        for stop in grant.stop:
+            for i, t in enumerate(live.trials):
+                if t.number != stop.trial or t.state is not TrialState.RUNNING or not t.job_id:
+                    continue
+                reason = f"{WHY_PREEMPTED} for {stop.to}" + (f": {stop.why}" if stop.why else "")
+                self._cancel_job(t.job_id, now, reason)
+                job = self.store.get_job(t.job_id)
+                if job.state is JobState.CANCELLED:
+                    last = t.curve[-1][1] if t.curve else None
+                    live.trials[i] = self._settle_cancelled(live, t, job, now, last)
+                    n += 1
+        return n
 
     def _start_trials(self, live: _Live, n: int, priority: int, now: float) -> None:
         from coadapt.tune.samplers import GridExhausted, ask_params

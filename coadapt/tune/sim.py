@@ -12,7 +12,9 @@ The simulator runs experiments on ``slots`` slots with a virtual clock:
   durations; after each report the same :func:`coadapt.tune.pruning.decide` may stop it, and an
   experiment ends the moment a reported value reaches its target (its other trials are
   cancelled), as in :class:`coadapt.tune.runner.TuneRunner`;
-* after every event the same policy function (:mod:`coadapt.tune.policies`) grants slots.
+* after every event the same policy function (:mod:`coadapt.tune.policies`) grants slots;
+  the trials it preempts (:attr:`~coadapt.tune.policies.Grant.stop`) are stopped first, as
+  PRUNED with their curve so far (the runner's cancel), then the new trials start.
 
 It is deterministic: events at equal times are ordered by a sequence number, the samplers are
 seeded from ``(seed, tenant index)``, and nothing reads the wall clock.
@@ -20,6 +22,7 @@ seeded from ``(seed, tenant index)``, and nothing reads the wall clock.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import logging
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coadapt.tune.policies import ClusterView, ExperimentView, Grant, get_policy
+from coadapt.tune.policies import ClusterView, ExperimentView, Grant, RunningTrial, get_policy
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,15 @@ class _Trial:
     curve: list[tuple[float, float]] = field(default_factory=list)
     state: str = "RUNNING"
     ended: float | None = None
+    preempted: bool = False
 
     def cost(self, now: float) -> float:
         return (self.ended if self.ended is not None else now) - self.started
+
+    def step_s(self) -> float | None:
+        """Seconds per step between its reports (what the runner measures from their times)."""
+        k = len(self.curve)
+        return sum(self.config.epoch_s[1:k]) / (k - 1) if k >= 2 else None
 
 
 @dataclass
@@ -129,6 +138,7 @@ class SimResult:
     makespan_s: float | None  # first arrival -> the last target reached (None: not all)
     sum_s: float | None  # sum of the tenants' times to target (None: not all)
     busy_fraction: float  # slot-seconds used / slot-seconds available until the end
+    preempted: dict[str, int] = field(default_factory=dict)  # trials the policy stopped
 
 
 def experiment_spec(t: SimTenant, seed: int) -> Any:
@@ -158,8 +168,10 @@ def simulate(
     policy: str,
     seed: int = 0,
     horizon_s: float = 1e7,
+    params: Mapping[str, float] | None = None,
 ) -> SimResult:
-    """Replay ``tenants`` on ``slots`` slots under ``policy``; deterministic in ``seed``."""
+    """Replay ``tenants`` on ``slots`` slots under ``policy``; deterministic in ``seed``.
+    ``params`` go to the policy (``algorithm1`` and ``ei-per-gpu`` take them: ablations)."""
     import optuna
     from optuna.trial import TrialState as OS
 
@@ -168,6 +180,8 @@ def simulate(
 
     optuna.logging.set_verbosity(logging.WARNING)
     policy_fn = get_policy(policy)
+    if params:
+        policy_fn = functools.partial(policy_fn, params=params)  # type: ignore[call-arg]
     exps: list[_Exp] = []
     for i, t in enumerate(tenants):
         spec = experiment_spec(t, t.sampler_seed if t.sampler_seed is not None else seed * 1000 + i)
@@ -264,12 +278,21 @@ def simulate(
         views = [_view(e, now) for e in live]
         free = slots - sum(len(e.active) for e in exps)
         grants: dict[str, Grant] = policy_fn(views, ClusterView(now, slots, max(free, 0)))
+        stopped: dict[str, int] = {}
+        for e, v in zip(live, views, strict=True):  # preempted trials first: they free slots
+            g = grants.get(v.id)
+            numbers = {s.trial for s in g.stop} if g is not None else set()
+            for tr in e.active:
+                if tr.number in numbers:
+                    tr.preempted = True
+                    end_trial(e, tr, "PRUNED")
+            stopped[v.id] = v.running - len(e.active)
         for e, v in zip(live, views, strict=True):
             g = grants.get(v.id)
             if g is None:
                 continue
             e.state = dict(g.state)
-            for _ in range(max(g.slots - v.running, 0)):
+            for _ in range(max(g.slots - (v.running - stopped[v.id]), 0)):
                 if len(e.trials) >= e.tenant.max_trials:
                     break
                 try:
@@ -305,6 +328,7 @@ def simulate(
         makespan_s=end - first if all_done else None,
         sum_s=sum(reached) if all_done else None,
         busy_fraction=min(busy / (slots * span), 1.0),
+        preempted={e.tenant.name: sum(t.preempted for t in e.trials) for e in exps},
     )
 
 
@@ -329,6 +353,9 @@ def _view(e: _Exp, now: float) -> ExperimentView:
         best=e.best,
         idle_since=e.idle_since if not e.active else None,
         state=dict(e.state),
+        running_trials=tuple(
+            RunningTrial(t.number, tuple(t.curve), t.cost(now), t.step_s()) for t in e.active
+        ),
     )
 
 

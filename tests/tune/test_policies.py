@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,6 +11,8 @@ from coadapt.tune.policies import (
     POLICY_NAMES,
     ClusterView,
     ExperimentView,
+    RunningTrial,
+    Stop,
     algorithm1,
     algorithm1_update,
     ei_per_gpu,
@@ -149,6 +152,75 @@ def test_new_experiments_get_an_optimistic_prior() -> None:
     fresh = [view(x, float(i)) for i, x in enumerate("abc")]
     g = ei_per_gpu(fresh, ClusterView(now=1.0, total_slots=4, free_slots=3))
     assert [g[x].slots for x in "abc"] == [1, 1, 1]
+
+
+def _contended(curve: tuple[tuple[float, float], ...], step_s: float) -> list[ExperimentView]:
+    """Slot-less cluster: "slow" runs one trial (``curve``, 20 steps in all, ``step_s`` per
+    step); "hot" waits, cheap trials that often reach its target."""
+    run = RunningTrial(7, curve, elapsed_s=2.0 + step_s * len(curve), step_s=step_s)
+    slow = view(
+        "slow",
+        1.0,
+        parallelism=1,
+        running=1,
+        target=0.95,
+        best=0.6,
+        max_steps=20,
+        results=(0.5, 0.55, 0.6),
+        trial_costs=(200.0,) * 3,
+        curves=(curve,),
+        running_trials=(run,),
+    )
+    hot = view(
+        "hot",
+        2.0,
+        parallelism=1,
+        target=0.95,
+        best=0.94,
+        results=(0.9, 0.93, 0.94, 0.96 - 0.03),
+        trial_costs=(20.0,) * 4,
+    )
+    return [slow, hot]
+
+
+FULL = ClusterView(now=100.0, total_slots=1, free_slots=0)
+FLAT = tuple((float(i), 0.5 + 0.001 * i) for i in range(1, 7))  # predicted ~0.52, target 0.95
+
+
+def test_ei_preempts_a_hopeless_slow_trial_for_a_much_better_waiting_one() -> None:
+    g = ei_per_gpu(_contended(FLAT, step_s=10.0), FULL)
+    assert [(s.trial, s.to) for s in g["slow"].stop] == [(7, "hot")]
+    assert g["slow"].slots == 0 and g["hot"].slots == 1  # slots count after the stops
+    assert "stop 1" in g["slow"].why and not g["hot"].stop
+
+
+def test_ei_does_not_preempt_where_it_should_not() -> None:
+    # predicted to reach the target (mean >= target): kept, however dear
+    climbing = tuple((float(i), 0.97 - 0.5 / i) for i in range(1, 7))
+    assert not ei_per_gpu(_contended(climbing, step_s=10.0), FULL)["slow"].stop
+    # too early to judge: 3 of 20 steps < min_progress 0.25
+    assert not ei_per_gpu(_contended(FLAT[:3], step_s=10.0), FULL)["slow"].stop
+    # cheap steps left (its start-up is sunk): finishing costs ~nothing, keep it
+    assert not ei_per_gpu(_contended(FLAT, step_s=0.001), FULL)["slow"].stop
+    # hysteresis: worth less than preempt_ratio times more is not enough
+    assert not ei_per_gpu(_contended(FLAT, 10.0), FULL, {"preempt_ratio": 1e9})["slow"].stop
+    # an unmeasured alternative (its score is the optimistic prior) stops nothing
+    slow, hot = _contended(FLAT, step_s=10.0)
+    fresh = dataclasses.replace(hot, results=(0.9, 0.93))
+    assert not ei_per_gpu([slow, fresh], FULL)["slow"].stop
+    # a free slot is handed out instead of preempting
+    free = ClusterView(now=100.0, total_slots=2, free_slots=1)
+    g = ei_per_gpu(_contended(FLAT, step_s=10.0), free)
+    assert not g["slow"].stop and g["hot"].slots == 1
+    # fifo and algorithm1 never preempt
+    for policy in (fifo, algorithm1):
+        grants = policy(_contended(FLAT, step_s=10.0), FULL)
+        assert all(gr.stop == () for gr in grants.values())
+
+
+def test_a_stop_names_the_trial_and_the_experiment_it_yields_to() -> None:
+    stop = ei_per_gpu(_contended(FLAT, step_s=10.0), FULL)["slow"].stop[0]
+    assert stop == Stop(7, "hot", stop.why) and "per GPU-s" in stop.why
 
 
 def test_policies_by_name() -> None:

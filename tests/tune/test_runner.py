@@ -245,6 +245,64 @@ def test_pruned_trials_are_cancelled_and_told_pruned(env: Env) -> None:
     assert env.optuna_states(exp)[1] is OS.PRUNED
 
 
+def test_preempted_trials_are_cancelled_and_told_pruned(env: Env) -> None:
+    from collections.abc import Sequence
+
+    from coadapt.tune.policies import ClusterView, ExperimentView, Grant, Stop
+
+    env.runner.slots = 2
+    a = env.submit(name="a", parallelism=2, max_trials=20, max_steps=10)
+    env.runner.step()  # fifo: a takes both slots
+    t0, t1 = env.tune.trials(a.id)
+    b = env.submit(name="b", parallelism=1, max_trials=20)
+    env.start(t0.job_id)
+    env.report(t0.job_id, 0.3, 0.31, 0.32)
+    seen: list[ExperimentView] = []
+
+    def preempting(views: Sequence[ExperimentView], cluster: ClusterView) -> dict[str, Grant]:
+        seen.extend(views)
+        assert cluster.free_slots == 0
+        return {
+            a.id: Grant(1, stop=(Stop(0, b.id, "0 vs 1 gap fraction per GPU-s"),)),
+            b.id: Grant(1),
+        }
+
+    env.runner.policy = preempting
+    env.runner.step()
+    # the view offers the running trial with its curve and measured seconds per step
+    run = {v.id: v for v in seen}[a.id].running_trials
+    assert [(r.number, len(r.curve), r.step_s) for r in run] == [(0, 3, 1.0), (1, 0, None)]
+    job = env.job(t0.job_id)
+    assert job.state is JobState.CANCELLED
+    assert job.reason == f"tune: preempted for {b.id}: 0 vs 1 gap fraction per GPU-s"
+    stopped = env.tune.trial(a.id, 0)
+    assert stopped is not None and stopped.state is TrialState.PRUNED and stopped.value == 0.32
+    study = env.runner.study(a, parse_experiment(a.spec))
+    frozen = study.get_trials(deepcopy=False)[0]
+    assert frozen.state is OS.PRUNED and frozen.intermediate_values == {1: 0.3, 2: 0.31, 3: 0.32}
+    assert [e.kind for e in env.store.events(t0.job_id, kinds=["tune-preempted"])] == [
+        "tune-preempted"
+    ]
+    assert env.job(t1.job_id).state is JobState.PENDING  # the other trial runs on
+    assert [t.number for t in env.tune.trials(a.id)] == [0, 1]  # nothing new for a
+    (nb,) = env.tune.trials(b.id)  # the freed slot went to b
+    assert nb.job_id is not None and env.job(nb.job_id).state is JobState.PENDING
+
+
+def test_a_preemption_interrupted_by_a_crash_is_settled_as_pruned(env: Env) -> None:
+    exp = env.submit(parallelism=1, max_trials=20)
+    env.runner.step()
+    (t,) = env.tune.trials(exp.id)
+    env.start(t.job_id)
+    env.report(t.job_id, 0.4, 0.41)
+    # cancelled with the reason, then the controller died before the trial row changed
+    env.runner._cancel_job(t.job_id, env.clock(), "tune: preempted for exp-other")
+    env.new_runner().step()
+    settled = env.tune.trial(exp.id, 0)
+    assert settled is not None and settled.state is TrialState.PRUNED and settled.value == 0.41
+    assert env.optuna_states(exp)[0] is OS.PRUNED
+
+
 def test_max_trials_and_cancel_end_experiments(env: Env) -> None:
     exp = env.submit(max_trials=2, parallelism=2)
     env.runner.step()
