@@ -1,10 +1,14 @@
 """Replay of multi-tenant tuning on a simulated cluster, from learning curves recorded for real.
 
 A *curve bank* holds, for each tenant's task, every configuration of a discrete search space
-with the per-epoch accuracy and the per-epoch seconds measured by really training it (see
+with the per-epoch held-out accuracy (and, in banks recorded since, the held-out log-loss) and
+the per-epoch seconds measured by really training it (see
 ``benchmarks/tune_tenants.py --record``), plus the measured start-up cost of a trial process.
 The simulator runs experiments on ``slots`` slots with a virtual clock:
 
+* each tenant's objective is one recorded metric (``accuracy``, maximised, or ``loss``,
+  minimised: :attr:`SimTenant.metric`/:attr:`SimTenant.direction`); pruning, targets and the
+  policies see it with that direction;
 * trials are proposed by the real samplers (:func:`coadapt.tune.samplers.create_study` on an
   in-memory Optuna storage, :func:`~coadapt.tune.samplers.ask_params`) over the bank's space
   (categorical parameters, so every proposal has a recorded curve) and told like the live loop;
@@ -40,6 +44,17 @@ class RecordedConfig:
     params: dict[str, Any]
     accuracy: tuple[float, ...]  # after each epoch
     epoch_s: tuple[float, ...]  # seconds each epoch took (training + evaluation)
+    loss: tuple[float, ...] = ()  # held-out log-loss after each epoch (empty: not recorded)
+
+    def values(self, metric: str) -> tuple[float, ...]:
+        """The recorded curve of ``metric`` (``accuracy`` or ``loss``)."""
+        if metric == "accuracy":
+            return self.accuracy
+        if metric == "loss":
+            if not self.loss:
+                raise ValueError("this bank has no loss curves (re-record it)")
+            return self.loss
+        raise ValueError(f"unknown metric {metric!r} (accuracy or loss)")
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,16 @@ class BankTask:
         """Each configuration's best reported accuracy (what a target is compared with)."""
         return sorted(max(c.accuracy) for c in self.configs.values())
 
+    def best_values(self, metric: str, direction: str) -> list[float]:
+        """Each configuration's best reported ``metric`` by ``direction``, worst first."""
+        if direction not in ("maximize", "minimize"):
+            raise ValueError(f"direction must be maximize or minimize, not {direction!r}")
+        pick = max if direction == "maximize" else min
+        return sorted(
+            (pick(c.values(metric)) for c in self.configs.values()),
+            reverse=direction == "minimize",
+        )
+
 
 def load_bank(path: str | Path) -> dict[str, BankTask]:
     """Read a curve bank written by ``benchmarks/tune_tenants.py --record``."""
@@ -68,7 +93,12 @@ def load_bank(path: str | Path) -> dict[str, BankTask]:
         space = {p: list(v) for p, v in t["space"].items()}
         configs = {}
         for c in t["configs"]:
-            rc = RecordedConfig(dict(c["params"]), tuple(c["accuracy"]), tuple(c["epoch_s"]))
+            rc = RecordedConfig(
+                dict(c["params"]),
+                tuple(c["accuracy"]),
+                tuple(c["epoch_s"]),
+                tuple(c.get("loss", ())),
+            )
             configs[tuple(rc.params[p] for p in space)] = rc
         tasks[name] = BankTask(name, space, configs, float(t["startup_s"]), int(t["epochs"]))
     return tasks
@@ -87,6 +117,8 @@ class SimTenant:
     max_trials: int = 200
     early_stopping: dict[str, Any] = field(default_factory=lambda: {"rule": "none"})
     sampler_seed: int | None = None  # default: derived from the run's seed and its index
+    metric: str = "accuracy"  # the objective: a recorded curve (accuracy or loss)
+    direction: str = "maximize"  # the objective's direction (loss: minimize)
 
 
 @dataclass
@@ -149,7 +181,7 @@ def experiment_spec(t: SimTenant, seed: int) -> Any:
         {
             "name": t.name,
             "space": {p: {"type": "categorical", "choices": v} for p, v in t.task.space.items()},
-            "objective": {"metric": "accuracy", "direction": "maximize"},
+            "objective": {"metric": t.metric, "direction": t.direction},
             "sampler": t.sampler,
             "seed": seed,
             "parallelism": t.parallelism,
@@ -242,28 +274,35 @@ def simulate(
             if tr.state != "RUNNING":
                 continue  # cancelled or pruned meanwhile
             step = len(tr.curve) + 1
-            value = tr.config.accuracy[step - 1]
+            direction = e.tenant.direction
+            curve = tr.config.values(e.tenant.metric)
+            value = curve[step - 1]
             tr.curve.append((float(step), value))
-            if e.best is None or value > e.best:
+            if math.isfinite(value) and (e.best is None or _better(value, e.best, direction)):
                 e.best = value
-            if e.done_at is None and value >= e.tenant.target:
+            if e.done_at is None and _reaches(value, e.tenant.target, direction):
                 e.done_at = now
                 end_trial(e, tr, "COMPLETE")
                 for other in e.active:
                     end_trial(e, other, "CANCELLED")
                 continue
-            if step >= len(tr.config.accuracy):
+            if step >= len(curve):
                 end_trial(e, tr, "COMPLETE")
                 continue
             peers = [o.curve for o in e.trials if o is not tr and o.curve]
-            finals = [o.curve[-1][1] for o in e.trials if o.state == "COMPLETE" and o.curve]
+            finals = [
+                o.curve[-1][1]
+                for o in e.trials
+                if o.state == "COMPLETE" and o.curve and math.isfinite(o.curve[-1][1])
+            ]
+            pick = max if direction == "maximize" else min
             d = decide(
                 e.spec.early_stopping,
-                "maximize",
+                direction,
                 e.spec.max_steps,
                 tr.curve,
                 peers,
-                max(finals) if finals else None,
+                pick(finals) if finals else None,
             )
             if d.stop:
                 end_trial(e, tr, "PRUNED")
@@ -332,6 +371,15 @@ def simulate(
     )
 
 
+def _better(a: float, b: float, direction: str) -> bool:
+    return a > b if direction == "maximize" else a < b
+
+
+def _reaches(value: float, target: float, direction: str) -> bool:
+    """Whether a reported ``value`` reaches ``target`` (at least as good; NaN never does)."""
+    return value >= target if direction == "maximize" else value <= target
+
+
 def _view(e: _Exp, now: float) -> ExperimentView:
     done = [t for t in e.trials if t.state == "COMPLETE"]
     done.sort(key=lambda t: (t.ended or 0.0, t.number))
@@ -342,7 +390,7 @@ def _view(e: _Exp, now: float) -> ExperimentView:
         submit_time=e.tenant.arrival,
         parallelism=e.tenant.parallelism,
         running=len(e.active),
-        direction="maximize",
+        direction=e.tenant.direction,
         target=e.tenant.target,
         max_steps=e.tenant.task.epochs,
         results=tuple(t.curve[-1][1] for t in done if t.curve),

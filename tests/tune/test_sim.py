@@ -103,8 +103,9 @@ def test_the_recorded_bank_is_complete() -> None:
         assert 48 <= len(task.configs) <= 120
         assert len(task.configs) == len(list(itertools.product(*task.space.values())))
         for c in task.configs.values():
-            assert len(c.accuracy) == len(c.epoch_s) == task.epochs
+            assert len(c.accuracy) == len(c.epoch_s) == len(c.loss) == task.epochs
             assert all(0.0 <= a <= 1.0 for a in c.accuracy) and all(s > 0 for s in c.epoch_s)
+            assert all(0.0 <= v <= 100.0 for v in c.loss)  # held-out log-loss, capped
         assert task.startup_s > 0
     prov = json.loads(BANK.read_text())["provenance"]
     assert {"command", "date", "machine", "torch", "sklearn"} <= set(prov)
@@ -120,10 +121,69 @@ def test_the_heavy_bank_is_complete_and_training_dominates() -> None:
         assert len(task.configs) == len(list(itertools.product(*task.space.values())))
         training = []
         for c in task.configs.values():
-            assert len(c.accuracy) == len(c.epoch_s) == task.epochs
+            assert len(c.accuracy) == len(c.epoch_s) == len(c.loss) == task.epochs
             assert all(0.0 <= a <= 1.0 for a in c.accuracy) and all(s > 0 for s in c.epoch_s)
+            assert all(0.0 <= v <= 100.0 for v in c.loss)  # held-out log-loss, capped
             training.append(sum(c.epoch_s))
         # what makes it representative of DL tuning: a trial is mostly training
         assert sum(training) / len(training) > 2 * task.startup_s > 0
     prov = json.loads(HEAVY.read_text())["provenance"]
     assert {"command", "date", "machine", "torch", "sklearn", "workers", "note"} <= set(prov)
+
+
+def _mirrored(task: BankTask) -> BankTask:
+    """The same task with a ``loss`` curve of ``1 - accuracy`` for every configuration."""
+    configs = {
+        k: RecordedConfig(c.params, c.accuracy, c.epoch_s, tuple(1.0 - a for a in c.accuracy))
+        for k, c in task.configs.items()
+    }
+    return BankTask(task.name, task.space, configs, task.startup_s, task.epochs)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "algorithm1", "ei-per-gpu"])
+def test_minimizing_a_mirrored_loss_replays_like_maximizing_accuracy(policy: str) -> None:
+    # loss = 1 - accuracy, target 1 - T: every decision (pruning, targets, the policy's
+    # ranking) must be the same as maximising accuracy to T
+    finals = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 0.4, 0.3]
+    es = {"rule": "median", "grace_steps": 1, "min_peers": 2}
+
+    def tenants(metric: str) -> list[SimTenant]:
+        out = []
+        for i, (name, fs) in enumerate((("a", finals), ("b", finals[::-1]), ("c", finals[3:]))):
+            task = _mirrored(bank(name, fs, epoch_s=1.0 + i))
+            loss = metric == "loss"
+            out.append(
+                SimTenant(
+                    name,
+                    task,
+                    target=round(1.0 - 0.94, 12) if loss else 0.94,
+                    arrival=0.001 * i,
+                    parallelism=2,
+                    early_stopping=es,
+                    metric=metric,
+                    direction="minimize" if loss else "maximize",
+                )
+            )
+        return out
+
+    for seed in (0, 1, 2):
+        acc = simulate(tenants("accuracy"), 3, policy, seed=seed)
+        loss = simulate(tenants("loss"), 3, policy, seed=seed)
+        assert acc.makespan_s is not None
+        assert loss.time_to_target == acc.time_to_target
+        assert (loss.trials, loss.pruned, loss.preempted) == (acc.trials, acc.pruned, acc.preempted)
+
+
+def test_a_loss_target_is_reached_from_above() -> None:
+    # config i's loss falls 1.0 -> 0.5 -> l_i; only the 0.1 one reaches 0.15
+    configs = {
+        (i,): RecordedConfig({"c": i}, (0.0,) * 3, (1.0,) * 3, (1.0, 0.5, f))
+        for i, f in enumerate([0.4, 0.3, 0.1])
+    }
+    task = BankTask("l", {"c": [0, 1, 2]}, configs, 0.5, 3)
+    t = SimTenant("l", task, target=0.15, parallelism=3, metric="loss", direction="minimize")
+    r = simulate([t], 3, "fifo", seed=0)
+    assert r.time_to_target == {"l": pytest.approx(0.5 + 3 * 1.0)} and r.trials == {"l": 3}
+    assert task.best_values("loss", "minimize") == [0.4, 0.3, 0.1]
+    with pytest.raises(ValueError, match="no loss curves"):
+        bank("a", [0.9]).configs[(0,)].values("loss")
