@@ -129,7 +129,7 @@ def build(
     )
     controller = Controller(store, executor, make_policy(options.policy), config, clock)
     tuner = TuneRunner(
-        store, controller.slots, options.tune_policy, clock, on_change=controller.poke
+        store, lambda: controller.slots, options.tune_policy, clock, on_change=controller.poke
     )
     stop = threading.Event()
 

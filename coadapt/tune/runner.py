@@ -83,7 +83,7 @@ class TuneRunner:
     def __init__(
         self,
         store: Store,
-        slots: int,
+        slots: int | Callable[[], int],
         policy: str = "ei-per-gpu",
         clock: Clock = time.time,
         on_change: Callable[[], None] = lambda: None,
@@ -91,7 +91,8 @@ class TuneRunner:
     ) -> None:
         self.store = store
         self.tune = TuneStore(store)
-        self.slots = slots
+        # A callable reads the job loop's current inventory (Ray nodes join and leave).
+        self._slots = slots
         self.policy_name = policy
         self.policy = get_policy(policy)
         self.clock = clock
@@ -598,6 +599,11 @@ class TuneRunner:
         if len(curve) < 2 or len(curve[0]) < 3 or curve[-1][0] <= curve[0][0]:
             return None
         return max(curve[-1][2] - curve[0][2], 0.0) / (curve[-1][0] - curve[0][0])
+
+    @property
+    def slots(self) -> int:
+        """The cluster's slots now."""
+        return int(self._slots() if callable(self._slots) else self._slots)
 
     def _capacity(self, lives: Sequence[_Live]) -> tuple[int, int]:
         """(slots tuning may use, of those free): the cluster minus other jobs' slots."""

@@ -53,7 +53,8 @@ class Env:
 
     def new_runner(self) -> TuneRunner:
         """A fresh runner (as after a controller restart): no memory but the database."""
-        runner = TuneRunner(self.store, self.slots, self.policy, self.clock)
+        # A callable, as the server passes: the capacity follows the cluster's inventory.
+        runner = TuneRunner(self.store, lambda: self.slots, self.policy, self.clock)
         self.runners.append(runner)
         return runner
 
@@ -250,7 +251,7 @@ def test_preempted_trials_are_cancelled_and_told_pruned(env: Env) -> None:
 
     from coadapt.tune.policies import ClusterView, ExperimentView, Grant, Stop
 
-    env.runner.slots = 2
+    env.slots = 2
     a = env.submit(name="a", parallelism=2, max_trials=20, max_steps=10)
     env.runner.step()  # fifo: a takes both slots
     t0, t1 = env.tune.trials(a.id)
@@ -398,3 +399,15 @@ def test_a_trial_asked_but_not_fully_suggested_is_failed_not_run(env: Env) -> No
     env.runner.step()
     assert env.optuna_states(exp) == {0: OS.FAIL, 1: OS.RUNNING}
     assert [t.number for t in env.tune.trials(exp.id)] == [1]
+
+
+
+def test_capacity_follows_nodes_joining_and_leaving(env: Env) -> None:
+    """On a Ray cluster nodes come and go: the next tick grants what the cluster has now."""
+    env.slots = 2
+    exp = env.submit(parallelism=4, max_trials=20)
+    env.runner.step()
+    assert len(env.tune.trials(exp.id)) == 2
+    env.slots = 4  # a node joined
+    env.runner.step()
+    assert len(env.tune.trials(exp.id)) == 4
