@@ -235,7 +235,8 @@ class Store:
         self.engine.dispose()
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
+    def transaction(self) -> Iterator[Session]:
+        """One read-write transaction (committed on exit); database errors as StorageError."""
         try:
             with self._sessions.begin() as session:
                 yield session
@@ -243,7 +244,7 @@ class Store:
             raise StorageError(f"database error: {exc.orig}") from exc
 
     @contextmanager
-    def _read(self) -> Iterator[Session]:
+    def reading(self) -> Iterator[Session]:
         """A read-only transaction (never takes SQLite's write lock)."""
         try:
             with self._readers.begin() as session:
@@ -253,13 +254,13 @@ class Store:
 
     # -- meta -----------------------------------------------------------------------------
     def meta_get(self, key: str) -> str | None:
-        with self._read() as s:
+        with self.reading() as s:
             row = s.get(MetaRow, key)
             return row.value if row is not None else None
 
     def meta_setdefault(self, key: str, value: str) -> str:
         """Store ``value`` under ``key`` unless already set; return the stored value."""
-        with self._tx() as s:
+        with self.transaction() as s:
             row = s.get(MetaRow, key)
             if row is not None:
                 return row.value
@@ -267,7 +268,7 @@ class Store:
             return value
 
     def meta_set(self, key: str, value: str) -> None:
-        with self._tx() as s:
+        with self.transaction() as s:
             row = s.get(MetaRow, key)
             if row is None:
                 s.add(MetaRow(key=key, value=value))
@@ -290,7 +291,7 @@ class Store:
         tenant_id = "t-" + secrets.token_hex(6)
         token = secrets.token_urlsafe(24)
         try:
-            with self._tx() as s:
+            with self.transaction() as s:
                 if s.scalar(select(TenantRow).where(TenantRow.name == name)) is not None:
                     raise ConflictError(f"tenant {name!r} already exists")
                 s.add(TenantRow(id=tenant_id, name=name, is_admin=is_admin, created_at=now))
@@ -301,24 +302,24 @@ class Store:
         return Tenant(tenant_id, name, is_admin), token
 
     def add_token(self, tenant_id: str, token: str, now: float) -> None:
-        with self._tx() as s:
+        with self.transaction() as s:
             if s.get(TokenRow, hash_token(token)) is None:
                 s.add(TokenRow(token_hash=hash_token(token), tenant_id=tenant_id, created_at=now))
 
     def tenant_by_name(self, name: str) -> Tenant | None:
-        with self._read() as s:
+        with self.reading() as s:
             row = s.scalar(select(TenantRow).where(TenantRow.name == name))
             return Tenant(row.id, row.name, row.is_admin) if row is not None else None
 
     def tenants(self) -> list[Tenant]:
-        with self._read() as s:
+        with self.reading() as s:
             rows = s.scalars(select(TenantRow).order_by(TenantRow.created_at))
             return [Tenant(r.id, r.name, r.is_admin) for r in rows]
 
     def authenticate(self, token: str | None) -> Tenant:
         if not token:
             raise AuthError("missing API token (Authorization: Bearer TOKEN)")
-        with self._read() as s:
+        with self.reading() as s:
             tok = s.get(TokenRow, hash_token(token))
             if tok is None:
                 raise AuthError("unknown API token")
@@ -348,7 +349,7 @@ class Store:
             attained_service=0.0,
             max_gpus_held=0,
         )
-        with self._tx() as s:
+        with self.transaction() as s:
             s.add(row)
             s.add(
                 EventRow(
@@ -371,7 +372,7 @@ class Store:
 
     def get_job(self, job_id: str, tenant: Tenant | None = None) -> Job:
         """The job, if ``tenant`` (None = the controller itself) may see it."""
-        with self._read() as s:
+        with self.reading() as s:
             return _job(self._visible(s.get(JobRow, job_id), tenant, job_id))
 
     def list_jobs(
@@ -383,7 +384,7 @@ class Store:
             q = q.where(JobRow.tenant_id == tenant.id)
         if states is not None:
             q = q.where(JobRow.state.in_([st.value for st in states]))
-        with self._read() as s:
+        with self.reading() as s:
             return [_job(r) for r in s.scalars(q)]
 
     def update_job(
@@ -404,7 +405,7 @@ class Store:
         unknown = set(changes) - _JOB_FIELDS
         if unknown:
             raise ValueError(f"not job fields: {sorted(unknown)}")
-        with self._tx() as s:
+        with self.transaction() as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
@@ -444,7 +445,7 @@ class Store:
         terminal meanwhile are skipped."""
         if not desired:
             return
-        with self._tx() as s:
+        with self.transaction() as s:
             rows = s.scalars(select(JobRow).where(JobRow.id.in_(list(desired))).with_for_update())
             for row in rows:
                 if JobState(row.state).is_terminal:
@@ -458,7 +459,7 @@ class Store:
 
     def merge_report(self, job_id: str, patch: dict[str, Any]) -> None:
         """Merge the latest figures a job reported into its ``report`` column."""
-        with self._tx() as s:
+        with self.transaction() as s:
             row = s.get(JobRow, job_id, with_for_update=True)
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
@@ -489,7 +490,7 @@ class Store:
             log_path=log_path,
             started_at=now,
         )
-        with self._tx() as s:
+        with self.transaction() as s:
             s.add(row)
             s.flush()
             return _replica(row)
@@ -498,7 +499,7 @@ class Store:
         unknown = set(changes) - _REPLICA_FIELDS
         if unknown:
             raise ValueError(f"not replica fields: {sorted(unknown)}")
-        with self._tx() as s:
+        with self.transaction() as s:
             row = s.get(ReplicaRow, replica_id, with_for_update=True)
             if row is None:
                 raise NotFoundError(f"no replica {replica_id}")
@@ -520,7 +521,7 @@ class Store:
             q = q.where(ReplicaRow.attempt == attempt)
         if statuses is not None:
             q = q.where(ReplicaRow.status.in_(list(statuses)))
-        with self._read() as s:
+        with self.reading() as s:
             return [_replica(r) for r in s.scalars(q)]
 
     # -- events and metrics ---------------------------------------------------------------
@@ -532,7 +533,7 @@ class Store:
         now: float,
         data: dict[str, Any] | None = None,
     ) -> None:
-        with self._tx() as s:
+        with self.transaction() as s:
             s.add(EventRow(job_id=job_id, time=now, kind=kind, message=message, data=data))
 
     def events(
@@ -543,16 +544,16 @@ class Store:
             q = q.where(EventRow.job_id == job_id)
         if kinds is not None:
             q = q.where(EventRow.kind.in_(list(kinds)))
-        with self._read() as s:
+        with self.reading() as s:
             return [_event(r) for r in s.scalars(q)]
 
     def add_metric(
         self, job_id: str, name: str, value: float | None, step: int | None, now: float
     ) -> None:
-        with self._tx() as s:
+        with self.transaction() as s:
             s.add(MetricRow(job_id=job_id, time=now, name=name[:64], value=value, step=step))
 
     def metrics(self, job_id: str) -> list[Metric]:
         q = select(MetricRow).where(MetricRow.job_id == job_id).order_by(MetricRow.id)
-        with self._read() as s:
+        with self.reading() as s:
             return [Metric(r.time, r.name, r.value, r.step) for r in s.scalars(q)]

@@ -14,19 +14,17 @@ loop and the API threads never fail each other with "database is locked".
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.exc import IntegrityError
 
-from coadapt.controller.db import READ_OPTION, normalise_url
-from coadapt.controller.errors import InvalidTransitionError, NotFoundError, StorageError
+from coadapt.controller.db import normalise_url
+from coadapt.controller.errors import InvalidTransitionError, NotFoundError
 from coadapt.controller.models import ExperimentRow, TrialRow
 from coadapt.controller.store import Store, Tenant
 
@@ -150,26 +148,9 @@ class TuneStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.engine = store.engine
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._readers = sessionmaker(
-            self.engine.execution_options(**{READ_OPTION: True}), expire_on_commit=False
-        )
-
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        try:
-            with self._sessions.begin() as session:
-                yield session
-        except OperationalError as exc:
-            raise StorageError(f"database error: {exc.orig}") from exc
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        try:
-            with self._readers.begin() as session:
-                yield session
-        except OperationalError as exc:
-            raise StorageError(f"database error: {exc.orig}") from exc
+        # The controller store's sessions: same engine, same SQLite locking discipline.
+        self._tx = store.transaction
+        self._read = store.reading
 
     def tenant(self, tenant_id: str) -> Tenant:
         for t in self.store.tenants():
