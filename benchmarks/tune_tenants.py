@@ -137,6 +137,11 @@ TASKS: dict[str, TaskDef] = {
 #: enlarged deterministically to ~24k samples (digits: every ±1-pixel shift of each training
 #: image plus pixel noise; tabular: Gaussian jitter of the standardised training rows); the
 #: held-out 25% stays the untouched original split. 24 configurations each.
+HEAVY_MLP_SPACE: dict[str, list[Any]] = {  # the same 12 MLP configurations on each dataset
+    "lr": [0.0003, 0.001, 0.003, 0.01, 0.03, 0.1],
+    "hidden": [256, 512],
+    "batch_size": [16, 32],
+}
 HEAVY_TASKS: dict[str, TaskDef] = {
     "digits-cnn": TaskDef(
         "digits",
@@ -149,33 +154,21 @@ HEAVY_TASKS: dict[str, TaskDef] = {
         "digits",
         "mlp2",
         20,
-        {
-            "lr": [0.0003, 0.001, 0.003, 0.01, 0.03, 0.1],
-            "hidden": [256, 512],
-            "batch_size": [16, 32],
-        },
+        HEAVY_MLP_SPACE,
         augment=24_000,
     ),
     "cancer-mlp": TaskDef(
         "breast_cancer",
         "mlp2",
         20,
-        {
-            "lr": [0.0003, 0.001, 0.003, 0.01, 0.03, 0.1],
-            "hidden": [256, 512],
-            "batch_size": [16, 32],
-        },
+        HEAVY_MLP_SPACE,
         augment=24_000,
     ),
     "wine-mlp": TaskDef(
         "wine",
         "mlp2",
         20,
-        {
-            "lr": [0.0003, 0.001, 0.003, 0.01, 0.03, 0.1],
-            "hidden": [256, 512],
-            "batch_size": [16, 32],
-        },
+        HEAVY_MLP_SPACE,
         augment=24_000,
     ),
 }

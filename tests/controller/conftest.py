@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from coadapt.controller.db import sqlite_url
-from coadapt.controller.store import Store
+from coadapt.controller.reconciler import Controller
+from coadapt.controller.spec import parse_spec
+from coadapt.controller.store import Job, Store, Tenant
+from coadapt.executors import FakeExecutor
 
 HERE = Path(__file__).resolve().parent
 TINY_JOB = HERE / "tiny_job.py"
@@ -115,3 +119,26 @@ def make_spec(**overrides: Any) -> dict[str, Any]:
     }
     spec.update(overrides)
     return {k: v for k, v in spec.items() if v is not None}
+
+
+@dataclass
+class Rig:
+    """A controller on the fake executor with a hand-moved clock (the loop tests' harness)."""
+
+    store: Store
+    executor: FakeExecutor
+    clock: FakeClock
+    controller: Controller
+    tenant: Tenant
+    policy: Any
+
+    def submit(self, **overrides: Any) -> Job:
+        return self.store.create_job(self.tenant, parse_spec(make_spec(**overrides)), self.clock())
+
+    def job(self, job_id: str) -> Job:
+        return self.store.get_job(job_id)
+
+    def step(self, n: int = 1, advance: float = 0.0) -> None:
+        for _ in range(n):
+            self.clock.advance(advance)
+            self.controller.step()

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 
 from coadapt.controller.reconciler import Controller, ControllerConfig
-from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
-from coadapt.controller.store import Job, Store, Tenant
+from coadapt.controller.store import Store
 from coadapt.executors import FakeExecutor
 from coadapt.policies import Allocation, BatchMode, ClusterSnapshot
-from tests.controller.conftest import FakeClock, make_spec
+from tests.controller.conftest import FakeClock, Rig
 
 
 @dataclass
@@ -39,27 +38,6 @@ class NodePolicy:
             for job, per in self.plan.items()
             if job in snapshot.jobs
         }
-
-
-@dataclass
-class Rig:
-    store: Store
-    executor: FakeExecutor
-    clock: FakeClock
-    controller: Controller
-    tenant: Tenant
-    policy: NodePolicy
-
-    def submit(self, **overrides: Any) -> Job:
-        return self.store.create_job(self.tenant, parse_spec(make_spec(**overrides)), self.clock())
-
-    def job(self, job_id: str) -> Job:
-        return self.store.get_job(job_id)
-
-    def step(self, n: int = 1, advance: float = 0.0) -> None:
-        for _ in range(n):
-            self.clock.advance(advance)
-            self.controller.step()
 
 
 @pytest.fixture

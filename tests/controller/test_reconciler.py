@@ -12,12 +12,11 @@ import pytest
 
 from coadapt.controller.db import sqlite_url
 from coadapt.controller.reconciler import Controller, ControllerConfig
-from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
-from coadapt.controller.store import Job, Store, Tenant
+from coadapt.controller.store import Store
 from coadapt.executors import FakeExecutor
 from coadapt.policies import Allocation, BatchMode, ClusterSnapshot, make_policy
-from tests.controller.conftest import FakeClock, make_spec
+from tests.controller.conftest import FakeClock, Rig
 
 
 @dataclass
@@ -34,27 +33,6 @@ class ScriptedPolicy:
     ) -> dict[str, Allocation]:
         self.seen.append(snapshot)
         return {k: (v,) for k, v in self.plan.items() if k in snapshot.jobs}
-
-
-@dataclass
-class Rig:
-    store: Store
-    executor: FakeExecutor
-    clock: FakeClock
-    controller: Controller
-    tenant: Tenant
-    policy: Any
-
-    def submit(self, **overrides: Any) -> Job:
-        return self.store.create_job(self.tenant, parse_spec(make_spec(**overrides)), self.clock())
-
-    def job(self, job_id: str) -> Job:
-        return self.store.get_job(job_id)
-
-    def step(self, n: int = 1, advance: float = 0.0) -> None:
-        for _ in range(n):
-            self.clock.advance(advance)
-            self.controller.step()
 
 
 RigFactory = Callable[..., Rig]
