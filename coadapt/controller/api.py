@@ -7,6 +7,8 @@ of and cancels only its own jobs (a stranger's job is a 404, like a missing one)
 Metrics ingestion (``POST /api/v1/jobs/{id}/metrics?token=JOBTOKEN``) is authenticated with a
 per-job token the controller derives (HMAC of the job id with a secret kept in the database)
 and hands each replica in ``COADAPT_METRICS_URL``; the training library posts to that URL as is.
+A metric is stored with the record's own ``time`` (when the trial reported it) if that lies
+within :data:`MAX_RECORD_AGE_S` before its arrival, else with the arrival time.
 
 All errors are JSON ``{"error", "message", "details"?}``; :class:`ControllerError` subclasses
 are mapped to their status here and nowhere else.
@@ -26,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from coadapt import __version__
 from coadapt.controller.dashboard.series import is_series, record_series
@@ -265,7 +268,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise SpecError("metrics record is not JSON") from None
         if not isinstance(record, dict):
             raise SpecError("metrics record must be a JSON object")
-        ingest_record(store, job_id, record, ctx.clock())
+        # The database write goes to the thread pool: done here it would hold the event loop
+        # (every other request) while the tuning and scheduling threads hold the database.
+        await run_in_threadpool(ingest_record, store, job_id, record, ctx.clock())
 
     @app.get("/api/v1/cluster", tags=["cluster"])
     def cluster(me: Auth) -> dict[str, Any]:
@@ -319,6 +324,20 @@ def create_app(ctx: ApiContext) -> FastAPI:
     return app
 
 
+#: How far before its arrival a record's own timestamp is believed (a sender's queue can hold
+#: records that long while the controller is unreachable); older or later ones get the arrival.
+MAX_RECORD_AGE_S = 300.0
+
+
+def record_time(record: dict[str, Any], now: float) -> float:
+    """When the record was made: its own ``time`` (the sender's clock, taken when the value
+    was reported) if it is within ``MAX_RECORD_AGE_S`` before ``now``, else ``now``. A metric
+    then carries when it was measured, not when a busy controller got to it, which is what
+    times to target and curves are read from."""
+    t = _num(record.get("time"))
+    return t if t is not None and now - MAX_RECORD_AGE_S <= t <= now else now
+
+
 def ingest_record(store: Store, job_id: str, record: dict[str, Any], now: float) -> None:
     """Fold one coadapt.train metrics record into the job's report (and metrics table)."""
     kind = record.get("kind")
@@ -354,7 +373,9 @@ def ingest_record(store: Store, job_id: str, record: dict[str, Any], now: float)
         name = str(record.get("name", "metric"))
         value = _num(record.get("value"))
         step = record.get("step")
-        store.add_metric(job_id, name, value, step if isinstance(step, int) else None, now)
+        store.add_metric(
+            job_id, name, value, step if isinstance(step, int) else None, record_time(record, now)
+        )
         job = store.get_job(job_id)
         metrics = dict((job.report or {}).get("metrics", {}))
         metrics[name[:64]] = value

@@ -189,6 +189,21 @@ def test_metrics_ingestion_needs_the_job_token(api: Api) -> None:
     assert api.call("GET", f"/api/v1/jobs/{job}/metrics").json()[0]["value"] == 0.75
 
 
+def test_a_metric_keeps_the_time_it_was_reported(api: Api) -> None:
+    """A record's own time is kept when it is plausible (up to MAX_RECORD_AGE_S before its
+    arrival): a controller busy for a while must not shift curves and times to target."""
+    job = submit(api)
+    token = api.store.job_token(job)
+    url = f"/api/v1/jobs/{job}/metrics"
+    now = 1_000.0  # the fixture's clock
+    for value, sent in ((1.0, now - 12.5), (2.0, now + 60.0), (3.0, now - 301.0), (4.0, "x")):
+        record = {"kind": "metric", "name": "loss", "value": value, "time": sent}
+        assert api.client.post(url, params={"token": token}, json=record).status_code == 204
+    times = [m["time"] for m in api.call("GET", f"/api/v1/jobs/{job}/metrics").json()]
+    # in the past and recent: kept; from the future, too old, or not a number: the arrival
+    assert times == [now - 12.5, now, now, now]
+
+
 def test_logs_chunks_and_offsets(api: Api, tmp_path: Path) -> None:
     job = submit(api)
     api.store.update_job(job, 1.0, state=JobState.RUNNING, attempt=1)
