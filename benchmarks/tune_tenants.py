@@ -4,7 +4,7 @@ Four tenants each tune a real model on a dataset bundled with scikit-learn to it
 held-out log-loss (parallelism 4 each) on a cluster too small for all (6 slots): FIFO, seed 003's
 Algorithm 1 and ``ei-per-gpu`` (expected improvement toward target per GPU-second, with
 preemption; ``ei-per-gpu-no-preempt`` is the same policy with preemption off, an ablation),
-over several seeds, on two curve banks:
+over several seeds, on two curve banks and their mix:
 
 * ``light`` (``benchmarks/data/tune_curves.json``): the bundled datasets as they are, 48-108
   configurations per task. A trial is ~2-3.5 s of process start-up and 0.01-0.5 s of
@@ -13,9 +13,11 @@ over several seeds, on two curve banks:
   deterministically to ~24k samples (digits: every +-1-pixel shift plus pixel noise; tabular:
   Gaussian jitter; the held-out split stays the original), a 2-conv-layer CNN and 2-layer
   MLPs, 15-20 epochs, 24 configurations per task: a trial is mostly training, as in DL tuning.
+* ``mixed`` (replay only): the first two tasks of each bank, so two tenants' trials cost
+  6-9x the other two's, as on a cluster shared by teams tuning models of different sizes.
 
     python benchmarks/tune_tenants.py --record --bank heavy   # train every configuration
-    python benchmarks/tune_tenants.py --json out/tune_tenants.json     # replay both banks
+    python benchmarks/tune_tenants.py --json out/tune_tenants.json     # replay all three
 
 ``--record`` trains every configuration of a bank's discrete space for real (torch, CPU,
 one thread per process, ``--workers`` processes; per-epoch held-out accuracy, held-out
@@ -177,6 +179,10 @@ BANKS: dict[str, tuple[Path, dict[str, TaskDef]]] = {
     "light": (BANK, TASKS),
     "heavy": (HEAVY_BANK, HEAVY_TASKS),
 }
+#: The ``mixed`` replay: tenants whose trials differ 6-9x in cost, as on a shared cluster where
+#: one team tunes a CNN and another a small MLP. Rule, fixed before it was run: the first two
+#: tasks of the heavy bank and the first two of the light one, each with its own recorded curves.
+MIXED: tuple[tuple[str, int], ...] = (("heavy", 2), ("light", 2))
 
 
 def task_def(name: str) -> TaskDef:
@@ -491,6 +497,29 @@ def targets(bank: dict[str, Any], quantile: float, metric: str = "accuracy") -> 
     return out
 
 
+def tenant_tasks(kind: str, paths: dict[str, Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recorded tasks a replay of ``kind`` tunes (name -> task, in the bank's order) and
+    their banks' provenance; ``mixed`` takes tasks of both banks, named ``<bank>-<task>``."""
+    from dataclasses import replace
+
+    from coadapt.tune.sim import load_bank
+
+    parts = MIXED if kind == "mixed" else ((kind, len(BANKS[kind][1])),)
+    tasks: dict[str, Any] = {}
+    prov: dict[str, Any] = {}
+    for bank_kind, count in parts:
+        path = paths[bank_kind]
+        bank = load_bank(path)
+        for n in [n for n in BANKS[bank_kind][1] if n in bank][:count]:
+            name = n if kind != "mixed" else f"{bank_kind}-{n}"
+            tasks[name] = replace(bank[n], name=name)
+        prov[bank_kind] = {
+            "file": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+            **json.loads(path.read_text(encoding="utf-8")).get("provenance", {}),
+        }
+    return tasks, prov
+
+
 def _simulate_one(policy: str, seed: int, tenants: list[Any], slots: int) -> Any:
     """One replay (``solo``: the tenant alone under fifo); a process pool's unit of work."""
     from coadapt.tune.sim import simulate
@@ -499,7 +528,7 @@ def _simulate_one(policy: str, seed: int, tenants: list[Any], slots: int) -> Any
     return simulate(tenants, slots, name, seed, params=params)
 
 
-def replay(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
+def replay(args: argparse.Namespace, kind: str, paths: dict[str, Path]) -> dict[str, Any]:
     """Every policy on bank ``kind`` over ``args.seeds`` seeds; the results and the table."""
     import random
     from dataclasses import replace
@@ -508,12 +537,12 @@ def replay(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
     from rich.progress import Progress
     from rich.table import Table
 
-    from coadapt.tune.sim import SimTenant, load_bank, summary
+    from coadapt.tune.sim import SimTenant, summary
 
-    bank = load_bank(path)
+    bank, prov = tenant_tasks(kind, paths)
     if args.startup_scale != 1.0:  # sensitivity: warm trial workers (0) vs fresh processes
         bank = {n: replace(t, startup_s=t.startup_s * args.startup_scale) for n, t in bank.items()}
-    names = [n for n in BANKS[kind][1] if n in bank][: args.tenants]
+    names = list(bank)[: args.tenants]
     goal = targets({n: bank[n] for n in names}, args.quantile, args.objective)
     es = {"rule": args.early_stopping, "grace_steps": 3, "min_peers": 3}
     runs: dict[str, list[Any]] = {p: [] for p in args.policies}
@@ -566,7 +595,6 @@ def replay(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
             solo[tenants[0].name].append(done[i].sum_s)
         else:
             runs[policy].append(done[i])
-    prov = json.loads(path.read_text(encoding="utf-8")).get("provenance", {})
     trial_s = {
         n: {
             "startup_s": bank[n].startup_s,
@@ -579,8 +607,7 @@ def replay(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
         "policies": {},
         "seeds": args.seeds,
         "bank": kind,
-        "bank_file": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
-        "bank_provenance": prov,
+        "bank_provenance": prov if kind == "mixed" else prov[kind],
         "trial_seconds": trial_s,
         "slots": args.slots,
         "parallelism": args.parallelism,
@@ -785,6 +812,7 @@ def live(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
                         time.sleep(1.0)
                 per: dict[str, float | None] = {}
                 trials: dict[str, int] = {}
+                timeline: dict[str, list[dict[str, Any]]] = {}
                 for n in order:
                     d = admin.request("GET", f"/api/v1/experiments/{ids[n]}")
                     created = d["experiment"]["created_at"]
@@ -795,6 +823,19 @@ def live(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
                     ]
                     per[n] = hit[0] - created if hit else None
                     trials[n] = len(d["trials"])
+                    timeline[n] = [
+                        {
+                            "number": t["number"],
+                            "state": t["state"],
+                            "value": t["value"],
+                            "created_s": round(t["created_at"] - created, 2),
+                            "ended_s": None
+                            if t["ended_at"] is None
+                            else round(t["ended_at"] - created, 2),
+                            "steps": len(t["curve"]),
+                        }
+                        for t in d["trials"]
+                    ]
                 for e in admin.request("GET", "/api/v1/experiments")["experiments"]:
                     if e["state"] == "RUNNING":
                         admin.request("POST", f"/api/v1/experiments/{e['id']}/cancel")
@@ -806,6 +847,7 @@ def live(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
             "sum_s_mean": sum(reached) if len(reached) == len(order) else None,
             "per_tenant_s": {n: {"mean": per[n], "std": 0.0} for n in names},
             "trials": trials,
+            "timeline": timeline,  # each trial: seconds from its experiment's submission
         }
         print(f"{policy}: " + ", ".join(f"{n} {_s(per[n])}" for n in names), flush=True)
     return out
@@ -823,10 +865,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trial", default=None, help=argparse.SUPPRESS)  # a --live trial
     p.add_argument(
         "--bank",
-        choices=("light", "heavy", "both"),
-        default="both",
+        choices=("light", "heavy", "mixed", "both", "all"),
+        default="all",
         help="light: the bundled datasets as they are (start-up dominates); heavy: enlarged "
-        "training sets, training dominates (the headline, as in DL tuning)",
+        "training sets, training dominates (the headline, as in DL tuning); mixed: two "
+        "tenants of each (trials 6-9x apart in cost); both: heavy and light; all: the three",
     )
     p.add_argument("--bank-file", type=Path, default=None, help="read/write this file instead")
     p.add_argument("--workers", type=int, default=2, help="--record: processes at once")
@@ -873,12 +916,17 @@ def main(argv: list[str] | None = None) -> int:
         return run_trial(args.trial, rest)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    kinds = ["heavy", "light"] if args.bank == "both" else [args.bank]
-    if args.bank_file is not None and len(kinds) > 1:
+    kinds = {"all": ["heavy", "light", "mixed"], "both": ["heavy", "light"]}.get(
+        args.bank, [args.bank]
+    )
+    if args.bank_file is not None and kinds not in (["heavy"], ["light"]):
         p.error("--bank-file needs --bank light or --bank heavy")
-    files = {k: args.bank_file or BANKS[k][0] for k in kinds}
+    if kinds == ["mixed"] and (args.record or args.live):
+        p.error("--bank mixed replays tasks of the heavy and light banks: record or run those")
+    recorded = [k for k in kinds if k != "mixed"] or ["heavy", "light"]
+    files = {k: args.bank_file or BANKS[k][0] for k in recorded}
     if args.record:
-        for k in kinds:
+        for k in recorded:
             record(k, files[k], args.workers)
         return 0
     missing = [str(f) for f in files.values() if not f.exists()]
@@ -888,9 +936,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.live:
         out = live(args, kinds[0], files[kinds[0]])
     else:
-        # The headline is the first bank (heavy, with --bank both): training dominates a
-        # trial there, as in DL tuning; every bank's results are under "banks".
-        sections = {k: replay(args, k, files[k]) for k in kinds}
+        # The headline is the first bank (heavy, with --bank all or both): training dominates
+        # a trial there, as in DL tuning; every bank's results are under "banks".
+        sections = {k: replay(args, k, files) for k in kinds}
         out = {**sections[kinds[0]], "headline_bank": kinds[0], "banks": sections}
         if kinds[0] == "heavy":
             out["headline_note"] = (
