@@ -260,6 +260,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         body = await request.body()
         if len(body) > MAX_METRICS_BYTES:
             raise SpecError(f"metrics record too large ({len(body)} bytes)")
+        # The token check and the write read and write the database: in the thread pool, as
+        # the plain ``def`` endpoints are, or they would hold the event loop (every other
+        # request) while the scheduling and tuning threads hold the database.
+        await run_in_threadpool(_ingest_body, job_id, token, body)
+
+    def _ingest_body(job_id: str, token: str, body: bytes) -> None:
         if not store.check_job_token(job_id, token):
             raise NotFoundError(f"no job {job_id!r}")  # no oracle for job ids
         try:
@@ -268,9 +274,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise SpecError("metrics record is not JSON") from None
         if not isinstance(record, dict):
             raise SpecError("metrics record must be a JSON object")
-        # The database write goes to the thread pool: done here it would hold the event loop
-        # (every other request) while the tuning and scheduling threads hold the database.
-        await run_in_threadpool(ingest_record, store, job_id, record, ctx.clock())
+        ingest_record(store, job_id, record, ctx.clock())
 
     @app.get("/api/v1/cluster", tags=["cluster"])
     def cluster(me: Auth) -> dict[str, Any]:
