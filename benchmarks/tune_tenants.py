@@ -722,7 +722,8 @@ def replay(args: argparse.Namespace, kind: str, paths: dict[str, Path]) -> dict[
 
 def live(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
     """One seed on a real controller: four tenants, real trial processes (this file's
-    ``--trial`` mode), for each policy; times to target from the metric arrival times."""
+    ``--trial`` mode), for each policy; times to target from the metric times (when each
+    trial reported the value, as the controller stores them)."""
     import random
     import tempfile
 
@@ -730,10 +731,9 @@ def live(args: argparse.Namespace, kind: str, path: Path) -> dict[str, Any]:
 
     from coadapt.controller.client import Client
     from coadapt.controller.subprocess_server import running_controller
-    from coadapt.tune.sim import load_bank
 
-    bank = load_bank(path)
-    names = [n for n in BANKS[kind][1] if n in bank][: args.tenants]
+    bank, _ = tenant_tasks(kind, {kind: path})
+    names = list(bank)[: args.tenants]
     goal = targets({n: bank[n] for n in names}, args.quantile, args.objective)
     direction = OBJECTIVES[args.objective]
     order = names[:]
