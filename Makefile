@@ -22,6 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check coadapt tests benchmarks examples
+	$(BIN)/ruff format --check coadapt tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

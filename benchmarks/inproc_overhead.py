@@ -49,8 +49,14 @@ def plain_ms(train: torch.utils.data.Dataset, steps: int) -> float:
 
 def library_ms(train: torch.utils.data.Dataset, steps: int, batched: bool, tag: int) -> float:
     torch.manual_seed(0)
-    loader = ct.AdaptiveDataLoader(train, batch_size=64, max_batch_size=64, seed=0,
-                                   name=f"loader-{tag}", batched_fetch=None if batched else False)
+    loader = ct.AdaptiveDataLoader(
+        train,
+        batch_size=64,
+        max_batch_size=64,
+        seed=0,
+        name=f"loader-{tag}",
+        batched_fetch=None if batched else False,
+    )
     net = CNN()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     model = ct.AdaptiveModel(net, opt, loader, name=f"model-{tag}")

@@ -60,10 +60,20 @@ def load_app(name: str) -> AppTrace:
     with (root / "placements.csv").open() as f:
         for rec in csv.DictReader(f):
             digits = [int(c) for c in rec["placement"]]
-            rows.append((len(digits), sum(digits), int(rec["local_bsz"]),
-                         float(rec["step_time"]), float(rec["sync_time"])))
-    sizes = sorted(int(p.name.split("-")[1].split(".")[0])
-                   for p in root.iterdir() if p.name.startswith("validation-"))
+            rows.append(
+                (
+                    len(digits),
+                    sum(digits),
+                    int(rec["local_bsz"]),
+                    float(rec["step_time"]),
+                    float(rec["sync_time"]),
+                )
+            )
+    sizes = sorted(
+        int(p.name.split("-")[1].split(".")[0])
+        for p in root.iterdir()
+        if p.name.startswith("validation-")
+    )
     grad = []
     with (root / f"validation-{sizes[0]}.csv").open() as f:
         for rec in csv.DictReader(f):
@@ -103,8 +113,9 @@ def make_snapshot(gpus: int, jobs: int, seed: int, apps: dict[str, AppTrace]) ->
             max_replicas=1 if app.name == "ncf" else min(64, app.max_batch // app.min_local),
             max_gpus_held=held,
             goodput=model,
-            limits=BatchLimits(app.m0, app.max_batch, app.min_local, app.max_local,
-                               pinned_batch=pinned),
+            limits=BatchLimits(
+                app.m0, app.max_batch, app.min_local, app.max_local, pinned_batch=pinned
+            ),
         )
         if held and rng.random() < 0.5 and free.sum() >= held:
             alloc = np.zeros(len(nodes), dtype=np.int64)
@@ -150,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="rounds per pollux timing")
     parser.add_argument("--ga-max-gpus", type=int, default=256)
     parser.add_argument("--sizes", type=str, default=None, help="e.g. 64x32,256x128")
-    parser.add_argument("--ga-warm-rounds", type=int, default=5,
-                        help="also run the GA this many rounds with its population carried "
-                        "over (0: skip)")
+    parser.add_argument(
+        "--ga-warm-rounds",
+        type=int,
+        default=5,
+        help="also run the GA this many rounds with its population carried over (0: skip)",
+    )
     args = parser.parse_args(argv)
     sizes = SIZES
     if args.sizes:
@@ -167,17 +181,24 @@ def main(argv: list[str] | None = None) -> int:
         snap = make_snapshot(gpus, jobs, args.seed + gpus + jobs, apps)
         console.log(f"{gpus} GPUs / {jobs} jobs: pollux")
         ms, fit = run_policy("pollux", snap, args.repeats)
-        results.append({"gpus": gpus, "jobs": jobs, "policy": "pollux", "latency_ms": ms,
-                        "fitness": fit})
+        results.append(
+            {"gpus": gpus, "jobs": jobs, "policy": "pollux", "latency_ms": ms, "fitness": fit}
+        )
         ga_fit = None
         if gpus <= args.ga_max_gpus:
             console.log(f"{gpus} GPUs / {jobs} jobs: pollux-ga (100 x 100)")
             ga_ms, ga_fit = run_policy("pollux-ga", snap, 1)
-            row = {"gpus": gpus, "jobs": jobs, "policy": "pollux-ga", "latency_ms": ga_ms,
-                   "fitness": ga_fit}
+            row = {
+                "gpus": gpus,
+                "jobs": jobs,
+                "policy": "pollux-ga",
+                "latency_ms": ga_ms,
+                "fitness": ga_fit,
+            }
             if args.ga_warm_rounds > 0:
-                console.log(f"{gpus} GPUs / {jobs} jobs: pollux-ga, {args.ga_warm_rounds} "
-                            "warm rounds")
+                console.log(
+                    f"{gpus} GPUs / {jobs} jobs: pollux-ga, {args.ga_warm_rounds} warm rounds"
+                )
                 row["fitness_warm"] = warm_ga_fitness(snap, args.ga_warm_rounds)
                 ga_fit = max(ga_fit, row["fitness_warm"])
             results.append(row)
@@ -187,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             last = results[-1]
             warm = last.get("fitness_warm")
             shown = f"{last['fitness']:.4f}" + (f" (warm {warm:.4f})" if warm is not None else "")
-            table.add_row(str(gpus), str(jobs), "pollux-ga", f"{last['latency_ms']:.0f}",
-                          shown, "")
+            table.add_row(str(gpus), str(jobs), "pollux-ga", f"{last['latency_ms']:.0f}", shown, "")
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

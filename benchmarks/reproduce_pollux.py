@@ -62,7 +62,12 @@ def run_one(task: tuple[str, int, int]) -> Run:
     wall = time.perf_counter() - started
     summary = summarise(result, wall)
     return Run(
-        policy, index, summary.avg_jct_s, summary.makespan_s, summary.restarts, wall,
+        policy,
+        index,
+        summary.avg_jct_s,
+        summary.makespan_s,
+        summary.restarts,
+        wall,
         {j.name: j.jct for j in result.jobs if j.jct is not None},
     )
 
@@ -70,8 +75,9 @@ def run_one(task: tuple[str, int, int]) -> Run:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    parser.add_argument("--workloads", nargs="+", type=int, default=list(WORKLOADS),
-                        choices=WORKLOADS, metavar="N")
+    parser.add_argument(
+        "--workloads", nargs="+", type=int, default=list(WORKLOADS), choices=WORKLOADS, metavar="N"
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, metavar="OUT")
@@ -88,8 +94,10 @@ def main() -> int:
         for run in pool.imap_unordered(run_one, tasks):
             runs.append(run)
             progress.advance(bar)
-            progress.console.log(f"{run.policy} workload-{run.workload}: "
-                                 f"{run.avg_jct_s / 3600:.3f} h ({run.wall_s:.0f} s wall)")
+            progress.console.log(
+                f"{run.policy} workload-{run.workload}: "
+                f"{run.avg_jct_s / 3600:.3f} h ({run.wall_s:.0f} s wall)"
+            )
     total_wall = time.perf_counter() - started
 
     console = Console()
@@ -103,8 +111,14 @@ def main() -> int:
         for p in args.policies:
             r = by_key[p, w]
             ref = refs[p]["avgs"][f"workload-{w}"]
-            table.add_row(f"workload-{w}", p, f"{r.avg_jct_s / 3600:.3f}", f"{ref / 3600:.3f}",
-                          f"{(r.avg_jct_s - ref) / ref:+.2%}", f"{r.wall_s:.1f}")
+            table.add_row(
+                f"workload-{w}",
+                p,
+                f"{r.avg_jct_s / 3600:.3f}",
+                f"{ref / 3600:.3f}",
+                f"{(r.avg_jct_s - ref) / ref:+.2%}",
+                f"{r.wall_s:.1f}",
+            )
         table.add_section()
     ok = True
     for p in args.policies:
@@ -132,11 +146,20 @@ def main() -> int:
         else:
             ok &= abs(dev) <= TOLERANCE[p]
         report["policies"][p] = {
-            "avg_jct_s": ours, "authors_avg_jct_s": theirs, "deviation": dev,
+            "avg_jct_s": ours,
+            "authors_avg_jct_s": theirs,
+            "deviation": dev,
             "workloads": per_wl,
         }
-        table.add_row("average", p, f"{ours / 3600:.3f}", f"{theirs / 3600:.3f}", f"{dev:+.2%}",
-                      f"{sum(r.wall_s for r in runs_p) / len(runs_p):.1f}", style="bold")
+        table.add_row(
+            "average",
+            p,
+            f"{ours / 3600:.3f}",
+            f"{theirs / 3600:.3f}",
+            f"{dev:+.2%}",
+            f"{sum(r.wall_s for r in runs_p) / len(runs_p):.1f}",
+            style="bold",
+        )
     console.print(table)
     pol = report["policies"]
     if "pollux" in pol:

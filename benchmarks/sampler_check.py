@@ -31,18 +31,22 @@ from coadapt.tune.spec import parse_experiment
 
 #: Hartmann-6 (Dixon & Szegő 1978), on [0, 1]^6: f(x) = -Σ α_i exp(-Σ_j A_ij (x_j - P_ij)^2).
 ALPHA = np.array([1.0, 1.2, 3.0, 3.2])
-A = np.array([
-    [10.0, 3.0, 17.0, 3.5, 1.7, 8.0],
-    [0.05, 10.0, 17.0, 0.1, 8.0, 14.0],
-    [3.0, 3.5, 1.7, 10.0, 17.0, 8.0],
-    [17.0, 8.0, 0.05, 10.0, 0.1, 14.0],
-])
-P = 1e-4 * np.array([
-    [1312, 1696, 5569, 124, 8283, 5886],
-    [2329, 4135, 8307, 3736, 1004, 9991],
-    [2348, 1451, 3522, 2883, 3047, 6650],
-    [4047, 8828, 8732, 5743, 1091, 381],
-])
+A = np.array(
+    [
+        [10.0, 3.0, 17.0, 3.5, 1.7, 8.0],
+        [0.05, 10.0, 17.0, 0.1, 8.0, 14.0],
+        [3.0, 3.5, 1.7, 10.0, 17.0, 8.0],
+        [17.0, 8.0, 0.05, 10.0, 0.1, 14.0],
+    ]
+)
+P = 1e-4 * np.array(
+    [
+        [1312, 1696, 5569, 124, 8283, 5886],
+        [2329, 4135, 8307, 3736, 1004, 9991],
+        [2348, 1451, 3522, 2883, 3047, 6650],
+        [4047, 8828, 8732, 5743, 1091, 381],
+    ]
+)
 OPTIMUM = -3.32237  # Hartmann-6's, kept for callers of the old module
 
 
@@ -81,8 +85,10 @@ def experiment(sampler: str, seed: int, trials: int, fn: str = "hartmann6") -> d
     func = FUNCTIONS[fn]
     return {
         "name": f"{fn}-{sampler}",
-        "space": {f"x{i}": {"type": "float", "low": lo, "high": hi}
-                  for i, (lo, hi) in enumerate(func.bounds)},
+        "space": {
+            f"x{i}": {"type": "float", "low": lo, "high": hi}
+            for i, (lo, hi) in enumerate(func.bounds)
+        },
         "objective": {"metric": "value", "direction": "minimize"},
         "sampler": sampler,
         "seed": seed,
@@ -108,17 +114,25 @@ def run(sampler: str, seed: int, trials: int, fn: str = "hartmann6") -> dict[str
             hit = i + 1
     gap = 100.0 * (best - func.optimum) / abs(func.optimum)
     return {
-        "function": fn, "sampler": sampler, "seed": seed, "trials": trials, "best": best,
-        "gap_pct": gap, "trials_to_1pct": hit, "ok": hit is not None,
-        "wall_s": time.perf_counter() - start, "ask_s_mean": float(np.mean(ask_s)),
+        "function": fn,
+        "sampler": sampler,
+        "seed": seed,
+        "trials": trials,
+        "best": best,
+        "gap_pct": gap,
+        "trials_to_1pct": hit,
+        "ok": hit is not None,
+        "wall_s": time.perf_counter() - start,
+        "ask_s_mean": float(np.mean(ask_s)),
         "ask_ms_at_50": 1000 * float(np.mean(ask_s[45:55])) if trials >= 55 else None,
         "ask_ms_at_100": 1000 * float(np.mean(ask_s[-10:])),
     }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--samplers", default="gp-ei,tpe,random")
@@ -134,46 +148,70 @@ def main() -> int:
             for seed in range(args.seeds):
                 r = run(sampler, seed, args.trials, fn)
                 rows.append(r)
-                print(f"{fn:9s} {sampler:7s} seed {seed:2d}: best {r['best']:.5f} gap "
-                      f"{r['gap_pct']:.2f}% 1% at {r['trials_to_1pct']} ({r['wall_s']:.1f}s, "
-                      f"ask {r['ask_ms_at_100']:.0f} ms at the end)", flush=True)
+                print(
+                    f"{fn:9s} {sampler:7s} seed {seed:2d}: best {r['best']:.5f} gap "
+                    f"{r['gap_pct']:.2f}% 1% at {r['trials_to_1pct']} ({r['wall_s']:.1f}s, "
+                    f"ask {r['ask_ms_at_100']:.0f} ms at the end)",
+                    flush=True,
+                )
 
     summary: dict[str, dict[str, Any]] = {}
     for fn in dict.fromkeys(r["function"] for r in rows):
         func = FUNCTIONS[fn]
-        print(f"\n{fn}, optimum {func.optimum}, {args.trials} trials; within 1% = best <= "
-              f"{func.threshold:.5f}")
-        print(f"{'sampler':8s}{'seed':>5s}{'best':>10s}{'gap %':>8s}{'to 1%':>7s}{'wall s':>8s}"
-              f"{'ask ms@50':>10s}{'@100':>6s}")
+        print(
+            f"\n{fn}, optimum {func.optimum}, {args.trials} trials; within 1% = best <= "
+            f"{func.threshold:.5f}"
+        )
+        print(
+            f"{'sampler':8s}{'seed':>5s}{'best':>10s}{'gap %':>8s}{'to 1%':>7s}{'wall s':>8s}"
+            f"{'ask ms@50':>10s}{'@100':>6s}"
+        )
         for r in rows:
             if r["function"] != fn or r["sampler"] != "gp-ei":
                 continue
             hit = "-" if r["trials_to_1pct"] is None else str(r["trials_to_1pct"])
             at50 = "-" if r["ask_ms_at_50"] is None else f"{r['ask_ms_at_50']:.0f}"
-            print(f"{r['sampler']:8s}{r['seed']:5d}{r['best']:10.5f}{r['gap_pct']:8.2f}"
-                  f"{hit:>7s}{r['wall_s']:8.1f}{at50:>10s}{r['ask_ms_at_100']:6.0f}")
+            print(
+                f"{r['sampler']:8s}{r['seed']:5d}{r['best']:10.5f}{r['gap_pct']:8.2f}"
+                f"{hit:>7s}{r['wall_s']:8.1f}{at50:>10s}{r['ask_ms_at_100']:6.0f}"
+            )
         for sampler in dict.fromkeys(r["sampler"] for r in rows if r["function"] == fn):
             mine = [r for r in rows if r["function"] == fn and r["sampler"] == sampler]
             hits = [r["trials_to_1pct"] for r in mine if r["ok"]]
             s = summary.setdefault(fn, {})[sampler] = {
-                "seeds_within_1pct": sum(r["ok"] for r in mine), "seeds": len(mine),
+                "seeds_within_1pct": sum(r["ok"] for r in mine),
+                "seeds": len(mine),
                 "median_gap_pct": float(np.median([r["gap_pct"] for r in mine])),
                 "worst_gap_pct": float(np.max([r["gap_pct"] for r in mine])),
                 "median_trials_to_1pct": float(np.median(hits)) if hits else None,
                 "mean_wall_s": float(np.mean([r["wall_s"] for r in mine])),
             }
-            print(f"  {sampler:7s}: {s['seeds_within_1pct']}/{s['seeds']} seeds within 1%, "
-                  f"median gap {s['median_gap_pct']:.2f}%, worst {s['worst_gap_pct']:.2f}%, "
-                  f"median trials to 1% {s['median_trials_to_1pct']}, "
-                  f"{s['mean_wall_s']:.1f} s a run")
+            print(
+                f"  {sampler:7s}: {s['seeds_within_1pct']}/{s['seeds']} seeds within 1%, "
+                f"median gap {s['median_gap_pct']:.2f}%, worst {s['worst_gap_pct']:.2f}%, "
+                f"median trials to 1% {s['median_trials_to_1pct']}, "
+                f"{s['mean_wall_s']:.1f} s a run"
+            )
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump({"functions": {n: {"optimum": FUNCTIONS[n].optimum,
-                                         "threshold": FUNCTIONS[n].threshold}
-                                     for n in summary},
-                       "trials": args.trials, "runs": rows, "summary": summary}, f, indent=2)
-    failed = [r for r in rows if r["sampler"] == "gp-ei" and FUNCTIONS[r["function"]].gated
-              and not r["ok"]]
+            json.dump(
+                {
+                    "functions": {
+                        n: {"optimum": FUNCTIONS[n].optimum, "threshold": FUNCTIONS[n].threshold}
+                        for n in summary
+                    },
+                    "trials": args.trials,
+                    "runs": rows,
+                    "summary": summary,
+                },
+                f,
+                indent=2,
+            )
+    failed = [
+        r
+        for r in rows
+        if r["sampler"] == "gp-ei" and FUNCTIONS[r["function"]].gated and not r["ok"]
+    ]
     return 1 if failed else 0
 
 

@@ -50,14 +50,29 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_local(replicas: int, script: Path, args: list[str], ckpt: Path | None = None,
-              timeout: float = 300) -> str:
+def run_local(
+    replicas: int, script: Path, args: list[str], ckpt: Path | None = None, timeout: float = 300
+) -> str:
     if ckpt is None:  # a fresh directory: no stale checkpoint, metrics not in the cwd
         ckpt = Path(tempfile.mkdtemp(prefix="coadapt-bench-"))
-    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", str(replicas),
-           "--checkpoint-dir", str(ckpt)]
-    proc = subprocess.run([*cmd, str(script), *args], cwd=ROOT, env=_env(), timeout=timeout,
-                          capture_output=True, text=True, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        str(replicas),
+        "--checkpoint-dir",
+        str(ckpt),
+    ]
+    proc = subprocess.run(
+        [*cmd, str(script), *args],
+        cwd=ROOT,
+        env=_env(),
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
     return proc.stdout
@@ -75,12 +90,23 @@ def step_time(replicas: int, variant: str, tmp: Path, steps: int) -> tuple[float
     """(median wall, median CPU) seconds per optimizer step of one run."""
     script, extra = VARIANTS[variant]
     out = tmp / f"timing-{variant}-{replicas}.json"
-    args = ["--batch-size", "64", "--max-steps", str(steps), "--epochs", "1000",
-            "--timing-file", str(out), *extra]
+    args = [
+        "--batch-size",
+        "64",
+        "--max-steps",
+        str(steps),
+        "--epochs",
+        "1000",
+        "--timing-file",
+        str(out),
+        *extra,
+    ]
     run_local(replicas, script, args, ckpt=tmp / f"ck-{time.monotonic_ns()}")
     timing = json.loads(out.read_text())
-    return (float(statistics.median(timing["step_times"])),
-            float(statistics.median(timing["step_cpu_times"])))
+    return (
+        float(statistics.median(timing["step_times"])),
+        float(statistics.median(timing["step_cpu_times"])),
+    )
 
 
 def overhead(replicas: int, tmp: Path, steps: int, repeats: int) -> dict[str, Any]:
@@ -115,8 +141,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _wait_for(metrics: Path, pred: Any, proc: subprocess.Popen[bytes],
-              timeout: float = 120) -> dict[str, Any]:
+def _wait_for(
+    metrics: Path, pred: Any, proc: subprocess.Popen[bytes], timeout: float = 120
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         hit = next((r for r in _records(metrics) if pred(r)), None)
@@ -132,18 +159,37 @@ def rescale_elastic(tmp: Path) -> float:
     """SIGUSR1 → first step at 2 replicas, inside one elastic run-local job."""
     ck = tmp / "ck-elastic"
     metrics = ck / "metrics.jsonl"
-    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "1", "--elastic",
-           "--checkpoint-dir", str(ck), "--preload", PRELOAD, str(LIB), "--epochs", "100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        "1",
+        "--elastic",
+        "--checkpoint-dir",
+        str(ck),
+        "--preload",
+        PRELOAD,
+        str(LIB),
+        "--epochs",
+        "100000",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        _wait_for(metrics, lambda r: r.get("kind") == "progress" and r.get("step", 0) >= 60,
-                  proc)
+        _wait_for(metrics, lambda r: r.get("kind") == "progress" and r.get("step", 0) >= 60, proc)
         (ck / "replicas").write_text("2\n")
         t0 = time.time()
         proc.send_signal(signal.SIGUSR1)
-        first = _wait_for(metrics, lambda r: r.get("kind") == "first_step"
-                          and r.get("replicas") == 2, proc)
+        first = _wait_for(
+            metrics, lambda r: r.get("kind") == "first_step" and r.get("replicas") == 2, proc
+        )
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     except BaseException:
@@ -156,15 +202,31 @@ def rescale_elastic(tmp: Path) -> float:
 def rescale_cold(tmp: Path) -> float:
     ck = tmp / "ck-rescale"
     metrics = ck / "metrics.jsonl"
-    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "1", "--checkpoint-dir",
-           str(ck), str(LIB), "--epochs", "100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        "1",
+        "--checkpoint-dir",
+        str(ck),
+        str(LIB),
+        "--epochs",
+        "100000",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not any(
-                r.get("kind") == "progress" and r.get("step", 0) >= 60
-                for r in _records(metrics)):
+            r.get("kind") == "progress" and r.get("step", 0) >= 60 for r in _records(metrics)
+        ):
             time.sleep(0.1)
         t0 = time.time()
         proc.send_signal(signal.SIGTERM)
@@ -173,14 +235,26 @@ def rescale_cold(tmp: Path) -> float:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     cmd[4] = "2"
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         first = None
         while time.monotonic() < deadline and first is None:
-            first = next((r for r in _records(metrics) if r.get("kind") == "first_step"
-                          and r.get("replicas") == 2), None)
+            first = next(
+                (
+                    r
+                    for r in _records(metrics)
+                    if r.get("kind") == "first_step" and r.get("replicas") == 2
+                ),
+                None,
+            )
             time.sleep(0.02)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -193,9 +267,11 @@ def rescale_cold(tmp: Path) -> float:
 def pgns_errors(tmp: Path) -> dict[str, float]:
     out = tmp / "pgns.json"
     errs: dict[str, float] = {}
-    for name, args, reps in [("micro_batches", ["--accum", "3"], 1),
-                             ("consecutive", ["--accum", "0"], 1),
-                             ("replicas", ["--accum", "0"], 2)]:
+    for name, args, reps in [
+        ("micro_batches", ["--accum", "3"], 1),
+        ("consecutive", ["--accum", "0"], 1),
+        ("replicas", ["--accum", "0"], 2),
+    ]:
         run_local(reps, PGNS_SCRIPT, [*args, "--out", str(out)])
         res = json.loads(out.read_text())
         errs[name] = abs(res["estimate"] - res["truth"]) / res["truth"]
@@ -216,9 +292,14 @@ def tta(adaptive: bool, target: float) -> float:
 def inproc_overhead(tmp: Path) -> dict[str, float]:
     """Library vs plain loop alternating in one process (benchmarks/inproc_overhead.py)."""
     out = tmp / "inproc.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "inproc_overhead.py"),
-                    "--json", str(out)], cwd=ROOT, env=_env(), check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "inproc_overhead.py"), "--json", str(out)],
+        cwd=ROOT,
+        env=_env(),
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return dict(json.loads(out.read_text()))
 
 
@@ -231,15 +312,15 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200, help="steps per overhead run")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--target-accuracy", type=float, default=0.97)
-    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of "
-                   + ", ".join(PARTS))
+    p.add_argument(
+        "--parts", default=",".join(PARTS), help="comma-separated subset of " + ", ".join(PARTS)
+    )
     args = p.parse_args()
     parts = set(args.parts.split(","))
     res: dict[str, Any] = {}
 
     def log(message: str) -> None:  # progress on stderr; the table goes to stdout
-        print(f"[train_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
-              flush=True)
+        print(f"[train_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -274,18 +355,35 @@ def main() -> int:
             res["tta_fixed_s"] = tta(False, args.target_accuracy)
     goals = {"overhead_1r": 1.03, "overhead_2r": 1.03, "rescale_s": 5.0, "pgns_rel_err": 0.15}
     print(f"{'metric':<26}{'value':>10}  goal")
-    for key in ("overhead_1r", "overhead_2r", "overhead_batched_1r", "overhead_batched_2r",
-                "overhead_cpu_1r", "overhead_cpu_2r", "overhead_cpu_batched_1r",
-                "overhead_cpu_batched_2r", "overhead_inproc_1r", "overhead_inproc_batched_1r",
-                "rescale_s", "rescale_cold_s", "pgns_rel_err",
-                "tta_adaptive_s", "tta_fixed_s"):
+    for key in (
+        "overhead_1r",
+        "overhead_2r",
+        "overhead_batched_1r",
+        "overhead_batched_2r",
+        "overhead_cpu_1r",
+        "overhead_cpu_2r",
+        "overhead_cpu_batched_1r",
+        "overhead_cpu_batched_2r",
+        "overhead_inproc_1r",
+        "overhead_inproc_batched_1r",
+        "rescale_s",
+        "rescale_cold_s",
+        "pgns_rel_err",
+        "tta_adaptive_s",
+        "tta_fixed_s",
+    ):
         if key not in res:
             continue
         goal = goals.get(key)
         mark = "" if goal is None else f"<= {goal}  {'ok' if res[key] <= goal else 'MISSED'}"
         print(f"{key:<26}{res[key]:>10.3f}  {mark}")
-    for key in ("step_ms_1r", "step_ms_2r", "step_cpu_ms_1r", "step_cpu_ms_2r",
-                "pgns_rel_err_by_estimator"):
+    for key in (
+        "step_ms_1r",
+        "step_ms_2r",
+        "step_cpu_ms_1r",
+        "step_cpu_ms_2r",
+        "pgns_rel_err_by_estimator",
+    ):
         if key in res:
             print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in res[key].items()))
     if args.json:

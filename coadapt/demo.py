@@ -22,7 +22,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--slots", type=int, default=4, help="CPU slots of the live demo")
     parser.add_argument("--policy", default="pollux", help="scheduling policy (live demo)")
     parser.add_argument(
-        "--simulation", action="store_true",
+        "--simulation",
+        action="store_true",
         help="replay a bundled workload with pollux, tiresias and optimus instead",
     )
     parser.add_argument("--workload", default="pollux-6", help="bundled name or CSV path")
@@ -40,9 +41,21 @@ def run(args: argparse.Namespace) -> int:
     from coadapt.cli import main
 
     argv = [
-        "simulate", "--workload", args.workload, "--cluster", args.cluster,
-        "--policy", "pollux", "--policy", "tiresias", "--policy", "optimus",
-        "--json", str(out / "simulation.json"), "--plot", str(out / "simulation.png"),
+        "simulate",
+        "--workload",
+        args.workload,
+        "--cluster",
+        args.cluster,
+        "--policy",
+        "pollux",
+        "--policy",
+        "tiresias",
+        "--policy",
+        "optimus",
+        "--json",
+        str(out / "simulation.json"),
+        "--plot",
+        str(out / "simulation.png"),
     ]
     code = main(argv)
     if code == 0:

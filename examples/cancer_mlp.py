@@ -25,10 +25,15 @@ def data() -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
     x, y = load_breast_cancer(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
     scaler = StandardScaler().fit(xtr)
+
     def t(a: object) -> torch.Tensor:
         return torch.tensor(a, dtype=torch.float32)
-    return (TensorDataset(t(scaler.transform(xtr)), torch.tensor(ytr)),
-            t(scaler.transform(xte)), torch.tensor(yte))
+
+    return (
+        TensorDataset(t(scaler.transform(xtr)), torch.tensor(ytr)),
+        t(scaler.transform(xte)),
+        torch.tensor(yte),
+    )
 
 
 def main() -> None:
@@ -47,10 +52,14 @@ def main() -> None:
     ctx = ct.init()
     train, xte, yte = data()
     loader = ct.AdaptiveDataLoader(
-        train, batch_size=args.batch_size, seed=args.seed,
-        max_batch_size=args.batch_size if args.fixed else args.max_batch_size)
-    net = nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
-                        nn.Linear(32, 2))
+        train,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        max_batch_size=args.batch_size if args.fixed else args.max_batch_size,
+    )
+    net = nn.Sequential(
+        nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2)
+    )
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs)
     model = ct.AdaptiveModel(net, opt, loader, scheduler=sched, retune_every=20)
@@ -66,9 +75,12 @@ def main() -> None:
         ct.report("accuracy", acc, model.steps)
         elapsed = time.perf_counter() - start
         if ctx.rank == 0 and (epoch % 5 == 0 or epoch == args.epochs - 1):
-            print(f"epoch {epoch} step {model.steps} batch {loader.batch_size} "
-                  f"lr x{model.lr_scale:.2f} pgns {model.pgns:.1f} acc {acc:.4f} "
-                  f"t {elapsed:.1f}s", flush=True)
+            print(
+                f"epoch {epoch} step {model.steps} batch {loader.batch_size} "
+                f"lr x{model.lr_scale:.2f} pgns {model.pgns:.1f} acc {acc:.4f} "
+                f"t {elapsed:.1f}s",
+                flush=True,
+            )
         if args.target_accuracy is not None and acc >= args.target_accuracy:
             if ctx.rank == 0:
                 print(f"TARGET {acc:.4f} reached at {elapsed:.2f}s", flush=True)

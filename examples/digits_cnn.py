@@ -28,8 +28,10 @@ import coadapt.train as ct
 def digits() -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
     x, y = load_digits(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split(x / 16.0, y, test_size=0.2, random_state=0)
+
     def t(a: object) -> torch.Tensor:
         return torch.tensor(a, dtype=torch.float32).reshape(-1, 1, 8, 8)
+
     train = TensorDataset(t(xtr), torch.tensor(ytr))
     return train, t(xte), torch.tensor(yte)
 
@@ -60,9 +62,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--timing-file", default=None, help="write per-step times (benchmark)")
-    p.add_argument("--per-sample-fetch", action="store_true",
-                   help="fetch sample by sample + default_collate, as torch's DataLoader does "
-                   "(default: one batched index per tensor)")
+    p.add_argument(
+        "--per-sample-fetch",
+        action="store_true",
+        help="fetch sample by sample + default_collate, as torch's DataLoader does "
+        "(default: one batched index per tensor)",
+    )
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -70,7 +75,9 @@ def main() -> None:
     ctx = ct.init()
     train, xte, yte = digits()
     loader = ct.AdaptiveDataLoader(
-        train, batch_size=args.batch_size, seed=args.seed,
+        train,
+        batch_size=args.batch_size,
+        seed=args.seed,
         max_batch_size=args.batch_size if args.fixed else args.max_batch_size,
         max_local_bsz=args.max_local_bsz,
         batched_fetch=False if args.per_sample_fetch else None,
@@ -99,9 +106,12 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         ct.report("accuracy", acc, model.steps)
         if ctx.rank == 0:
-            print(f"epoch {epoch} step {model.steps} batch {loader.batch_size} "
-                  f"(m={loader.local_bsz}, s={loader.accum_steps}) lr x{model.lr_scale:.2f} "
-                  f"pgns {model.pgns:.1f} acc {acc:.4f} t {elapsed:.1f}s", flush=True)
+            print(
+                f"epoch {epoch} step {model.steps} batch {loader.batch_size} "
+                f"(m={loader.local_bsz}, s={loader.accum_steps}) lr x{model.lr_scale:.2f} "
+                f"pgns {model.pgns:.1f} acc {acc:.4f} t {elapsed:.1f}s",
+                flush=True,
+            )
         if args.target_accuracy is not None and acc >= args.target_accuracy:
             if ctx.rank == 0:
                 print(f"TARGET {acc:.4f} reached at {elapsed:.2f}s", flush=True)
@@ -110,8 +120,14 @@ def main() -> None:
             break
     if args.timing_file and ctx.rank == 0:
         with open(args.timing_file, "w") as fh:
-            json.dump({"step_times": step_times, "step_cpu_times": cpu_times,
-                       "elapsed": time.perf_counter() - start}, fh)
+            json.dump(
+                {
+                    "step_times": step_times,
+                    "step_cpu_times": cpu_times,
+                    "elapsed": time.perf_counter() - start,
+                },
+                fh,
+            )
     ct.shutdown()
 
 

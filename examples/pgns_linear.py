@@ -32,14 +32,21 @@ def main() -> None:
     x = torch.randn(n, d, generator=g)
     y = x @ w_star + math.sqrt(sigma2) * torch.randn(n, generator=g)
     ctx = ct.init()
-    loader = ct.AdaptiveDataLoader(TensorDataset(x, y[:, None]),
-                                   batch_size=32 * ctx.world_size * (args.accum + 1),
-                                   max_local_bsz=32)
+    loader = ct.AdaptiveDataLoader(
+        TensorDataset(x, y[:, None]),
+        batch_size=32 * ctx.world_size * (args.accum + 1),
+        max_local_bsz=32,
+    )
     lin = nn.Linear(d, 1, bias=False)
     with torch.no_grad():
         lin.weight.copy_((w_star + delta)[None])
-    model = ct.AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.0), loader,
-                             grad_smoothing=0.995, measure_every=2)
+    model = ct.AdaptiveModel(
+        lin,
+        torch.optim.SGD(lin.parameters(), lr=0.0),
+        loader,
+        grad_smoothing=0.995,
+        measure_every=2,
+    )
     for _ in loader.epochs(100):  # one optimizer step in measure_every is measured
         for xb, yb in loader:
             model.step(nn.functional.mse_loss(model(xb), yb))
@@ -49,8 +56,14 @@ def main() -> None:
             break
     if ctx.rank == 0:
         with open(args.out, "w") as fh:
-            json.dump({"estimate": model.pgns, "truth": (d + 1) + d * sigma2,
-                       "measurements": model.gns.count}, fh)
+            json.dump(
+                {
+                    "estimate": model.pgns,
+                    "truth": (d + 1) + d * sigma2,
+                    "measurements": model.gns.count,
+                },
+                fh,
+            )
     ct.shutdown()
 
 

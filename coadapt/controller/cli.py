@@ -310,9 +310,7 @@ def add_parsers(subparsers: Any) -> None:
         default="ei-per-gpu",
         help="cross-tenant tuning policy: ei-per-gpu (default), algorithm1 or fifo",
     )
-    p.add_argument(
-        "--executor", default="local", help="where replicas run: local (default) or ray"
-    )
+    p.add_argument("--executor", default="local", help="where replicas run: local (default) or ray")
     p.add_argument(
         "--ray-address",
         default=None,

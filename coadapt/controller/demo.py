@@ -161,12 +161,25 @@ def run_live_demo(
     if missing:
         console.print(f"[red]coadapt demo: examples not found: {missing} (in {EXAMPLES})")
         return 2
-    server_args = ["--slots", str(slots), "--policy", policy, "--interval", str(interval),
-                   "--tick", "0.5", "--restart-delay", "5", "--stop-grace", "30"]
+    server_args = [
+        "--slots",
+        str(slots),
+        "--policy",
+        policy,
+        "--interval",
+        str(interval),
+        "--tick",
+        "0.5",
+        "--restart-delay",
+        "5",
+        "--stop-grace",
+        "30",
+    ]
     try:
         with (
-            running_controller(state, out_dir / "controller.log", server_args,
-                               stop_timeout=15) as controller,
+            running_controller(
+                state, out_dir / "controller.log", server_args, stop_timeout=15
+            ) as controller,
             Client(controller.url, controller.admin_token) as client,
         ):
             console.print(

@@ -411,9 +411,7 @@ class Controller:
         changes: dict[str, tuple[int, str, dict[str, Any]]] = {}
         allocations: dict[str, dict[str, int]] = {}
         for job in jobs:
-            alloc = allocation_dict(
-                decided.get(job.id, (0,) * len(snapshot.nodes)), snapshot.nodes
-            )
+            alloc = allocation_dict(decided.get(job.id, (0,) * len(snapshot.nodes)), snapshot.nodes)
             k = sum(alloc.values())
             desired[job.id] = k
             if k != job.desired_replicas or alloc != job.wanted:
@@ -449,9 +447,7 @@ class Controller:
         for rep in live:
             by_job.setdefault(rep.job_id, []).append(rep)
         used = {(rep.node, rep.slot) for rep in live}
-        free = {
-            n.name: [s for s in range(n.gpus) if (n.name, s) not in used] for n in self._nodes
-        }
+        free = {n.name: [s for s in range(n.gpus) if (n.name, s) not in used] for n in self._nodes}
         jobs = {j.id: j for j in self.store.list_jobs(states=ACTIVE)}
         # Replicas of finished jobs or of superseded attempts: stop, then kill.
         for job_id, reps in by_job.items():

@@ -58,8 +58,17 @@ def running_controller(
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
-    cmd = [sys.executable, "-m", "coadapt.controller", "server", "--state-dir", str(state_dir),
-           "--port", str(port), *server_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.controller",
+        "server",
+        "--state-dir",
+        str(state_dir),
+        "--port",
+        str(port),
+        *server_args,
+    ]
     with open(log_path, "ab") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:

@@ -54,6 +54,7 @@ class Observations:
     ) -> Observations:
         n = np.asarray(num_nodes, dtype=np.float64).ravel()
         size = n.size
+
         def col(x: ArrayLike | None, fill: float) -> FloatArray:
             if x is None:
                 return np.full(size, fill)
@@ -61,6 +62,7 @@ class Observations:
             if a.size != size:
                 raise FitError(f"observation columns differ in length: {a.size} != {size}")
             return a
+
         obs = cls(
             num_nodes=n,
             num_replicas=col(num_replicas, 1.0),
@@ -162,8 +164,9 @@ def fit_perf_params(
         else float(np.mean(obs.iter_time / (obs.accum_steps + 1)))
     )
     mean_bsz = float(np.mean(obs.local_bsz))
-    x0 = np.array([base / 2, base / 2 / mean_bsz, base / 10, base / 100, base / 10, base / 100,
-                   1.0 + 1e-3])
+    x0 = np.array(
+        [base / 2, base / 2 / mean_bsz, base / 10, base / 100, base / 10, base / 100, 1.0 + 1e-3]
+    )
     lower = np.array([_TINY] * 6 + [1.0])
     upper = np.array([np.inf] * 6 + [10.0])
 
@@ -202,7 +205,10 @@ def fit_perf_params(
     import scipy.optimize  # deferred: a training replica imports this module, rarely fits
 
     result = scipy.optimize.minimize(
-        scaled, x0 / unit, jac=True, method="L-BFGS-B",
+        scaled,
+        x0 / unit,
+        jac=True,
+        method="L-BFGS-B",
         bounds=list(zip(lower / unit, upper / unit, strict=True)),
     )
     x = np.asarray(result.x, dtype=np.float64) * unit

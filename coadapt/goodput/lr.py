@@ -56,15 +56,19 @@ def lr_factor(
     if callable(rule) and not isinstance(rule, (LRRule, str)):
         value = float(rule(init_batch_size, batch_size))
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"scale_lr({init_batch_size}, {batch_size}) returned {value}; "
-                             "it must return a finite positive factor")
+            raise ValueError(
+                f"scale_lr({init_batch_size}, {batch_size}) returned {value}; "
+                "it must return a finite positive factor"
+            )
         return value
     try:
         kind = LRRule(rule)
     except ValueError:
         accepted = ", ".join(r.value for r in LRRule)
-        raise ValueError(f"unknown LR rule {rule!r}; accepted: {accepted}, or a function "
-                         "scale_lr(M0, M) -> float") from None
+        raise ValueError(
+            f"unknown LR rule {rule!r}; accepted: {accepted}, or a function "
+            "scale_lr(M0, M) -> float"
+        ) from None
     if kind is LRRule.ADASCALE:
         return adascale_gain(grad, init_batch_size, batch_size)
     if kind is LRRule.SQRT:

@@ -210,7 +210,10 @@ class GoodputModel:
     init_batch_size: int
 
     def throughput(
-        self, num_nodes: ArrayLike, num_replicas: ArrayLike, local_bsz: ArrayLike,
+        self,
+        num_nodes: ArrayLike,
+        num_replicas: ArrayLike,
+        local_bsz: ArrayLike,
         accum_steps: ArrayLike,
     ) -> FloatArray:
         """Samples per second, eq. 8."""
@@ -221,7 +224,10 @@ class GoodputModel:
         return efficiency(self.grad, self.init_batch_size, batch_size)
 
     def goodput(
-        self, num_nodes: ArrayLike, num_replicas: ArrayLike, local_bsz: ArrayLike,
+        self,
+        num_nodes: ArrayLike,
+        num_replicas: ArrayLike,
+        local_bsz: ArrayLike,
         accum_steps: ArrayLike,
     ) -> FloatArray:
         """Useful (M0-equivalent) samples per second, eq. 5."""

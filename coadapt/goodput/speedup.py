@@ -44,12 +44,11 @@ class SpeedupFunction:
         if model is None:
             return
         nodes, replicas = self._queries(prefetch)
-        self._absorb(nodes, replicas, model.optimize(np.array(nodes), np.array(replicas),
-                                                     limits).goodput)
+        self._absorb(
+            nodes, replicas, model.optimize(np.array(nodes), np.array(replicas), limits).goodput
+        )
 
-    def _queries(
-        self, prefetch: tuple[ArrayLike, ArrayLike] | None
-    ) -> tuple[list[int], list[int]]:
+    def _queries(self, prefetch: tuple[ArrayLike, ArrayLike] | None) -> tuple[list[int], list[int]]:
         """The reference, one GPU (fallback reference) and the prefetched allocations."""
         nodes = [self.ref_nodes, 1]
         replicas = [self.ref_replicas, 1]

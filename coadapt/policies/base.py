@@ -115,9 +115,7 @@ class Policy(Protocol):
         ...
 
 
-def validate_allocations(
-    snapshot: ClusterSnapshot, allocations: Mapping[str, Allocation]
-) -> None:
+def validate_allocations(snapshot: ClusterSnapshot, allocations: Mapping[str, Allocation]) -> None:
     """Raise :class:`PolicyError` if ``allocations`` over-commits a node or names a stranger."""
     width = len(snapshot.nodes)
     used = np.zeros(width, dtype=np.int64)

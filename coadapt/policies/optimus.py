@@ -61,7 +61,8 @@ class OptimusPolicy:
             gain[key] = _gain(job, replicas[key]) if can_grow else 0.0
             budget -= 1
         allocations = {
-            k: a for k, a in snapshot.current.items()
+            k: a
+            for k, a in snapshot.current.items()
             if k in jobs and any(a) and sum(a) == replicas[k]
         }
         free = free_gpus(snapshot, allocations)

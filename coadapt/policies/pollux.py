@@ -515,7 +515,8 @@ def _pack(problem: PolluxProblem, counts: list[int]) -> IntArray:
     for j in resize:
         row = problem.base[j].copy()
         if np.any(row > free) or (
-            avoid and np.count_nonzero(row) > 1
+            avoid
+            and np.count_nonzero(row) > 1
             and np.any((owner[row > 0] != -1) & (owner[row > 0] != j))
         ):
             fresh.append(j)  # its old place is taken: place it like a new job
@@ -616,8 +617,14 @@ class PolluxPolicy:
         self.last_fitness: float | None = None
 
     def problem(self, snapshot: ClusterSnapshot) -> PolluxProblem:
-        return PolluxProblem(snapshot, self.p, self.epsilon, self.avoid_interference,
-                             self.switch_margin, self.fair_reference)
+        return PolluxProblem(
+            snapshot,
+            self.p,
+            self.epsilon,
+            self.avoid_interference,
+            self.switch_margin,
+            self.fair_reference,
+        )
 
     def optimize(
         self, snapshot: ClusterSnapshot, rng: np.random.Generator

@@ -71,15 +71,10 @@ class PolluxProblem:
         elif fair_reference == "spread":
             fair_n = max(1, math.ceil(fair_k / self.gpus_per_node))
         else:
-            raise ValueError(
-                f"fair_reference must be 'packed' or 'spread', got {fair_reference!r}"
-            )
+            raise ValueError(f"fair_reference must be 'packed' or 'spread', got {fair_reference!r}")
         self.fair = (fair_n, fair_k)
         self.max_replicas: IntArray = np.array(
-            [
-                min(exploration_cap(job.max_gpus_held, job.max_replicas), total)
-                for job in self.jobs
-            ],
+            [min(exploration_cap(job.max_gpus_held, job.max_replicas), total) for job in self.jobs],
             dtype=np.int64,
         )
         self.speedup_fns = SpeedupFunction.build_many(

@@ -147,8 +147,13 @@ class Application:
         ]
         for r in _read_csv(spec.name, "scalability.csv"):
             points.append(
-                (int(r["num_nodes"]), int(r["num_replicas"]), int(r["local_bsz"]),
-                 float(r["step_time"]), float(r["sync_time"]))
+                (
+                    int(r["num_nodes"]),
+                    int(r["num_replicas"]),
+                    int(r["local_bsz"]),
+                    float(r["step_time"]),
+                    float(r["sync_time"]),
+                )
             )
         self._shape_points = np.asarray(points, dtype=np.float64)
         self._interp: LinearNDInterpolator | None = None

@@ -30,24 +30,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Trace-driven simulation of a GPU cluster (Pollux OSDI'21 traces). "
         f"Bundled workloads: {', '.join(BUNDLED_WORKLOADS)}.",
     )
-    parser.add_argument("--workload", required=True, metavar="NAME|FILE",
-                        help="bundled workload name or CSV (name,time,application,"
-                        "num_replicas,batch_size)")
-    parser.add_argument("--cluster", default="16x4", metavar="NODESxGPUS",
-                        help="cluster shape (default: 16x4)")
-    parser.add_argument("--policy", action="append", dest="policies", metavar="NAME",
-                        help=f"policy to run, repeatable; one of {', '.join(POLICY_NAMES)} "
-                        "(default: pollux)")
+    parser.add_argument(
+        "--workload",
+        required=True,
+        metavar="NAME|FILE",
+        help="bundled workload name or CSV (name,time,application,num_replicas,batch_size)",
+    )
+    parser.add_argument(
+        "--cluster", default="16x4", metavar="NODESxGPUS", help="cluster shape (default: 16x4)"
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help=f"policy to run, repeatable; one of {', '.join(POLICY_NAMES)} (default: pollux)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the policies' randomness")
-    parser.add_argument("--interval", type=float, default=60.0,
-                        help="scheduling interval in seconds (default: 60)")
-    parser.add_argument("--restart-delay", type=float, default=30.0,
-                        help="seconds a re-allocation costs a job (default: 30)")
-    parser.add_argument("--interference", type=float, default=0.0,
-                        help="slowdown of distributed jobs sharing a node (default: 0)")
+    parser.add_argument(
+        "--interval", type=float, default=60.0, help="scheduling interval in seconds (default: 60)"
+    )
+    parser.add_argument(
+        "--restart-delay",
+        type=float,
+        default=30.0,
+        help="seconds a re-allocation costs a job (default: 30)",
+    )
+    parser.add_argument(
+        "--interference",
+        type=float,
+        default=0.0,
+        help="slowdown of distributed jobs sharing a node (default: 0)",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="write per-policy results")
-    parser.add_argument("--plot", type=Path, metavar="OUT.png",
-                        help="plot JCT CDFs and GPU utilisation")
+    parser.add_argument(
+        "--plot", type=Path, metavar="OUT.png", help="plot JCT CDFs and GPU utilisation"
+    )
     parser.set_defaults(func=run)
 
 
@@ -69,14 +87,20 @@ def _simulate_all(args: argparse.Namespace) -> list[PolicySummary]:
     workload = load_workload(args.workload)
     cluster = parse_cluster(args.cluster)
     config = SimConfig(
-        interval=args.interval, restart_delay=args.restart_delay,
-        interference=args.interference, seed=args.seed,
+        interval=args.interval,
+        restart_delay=args.restart_delay,
+        interference=args.interference,
+        seed=args.seed,
     )
     summaries: list[PolicySummary] = []
     console = Console(stderr=True)
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("jobs  t={task.fields[sim_h]:.1f} h"), console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs  t={task.fields[sim_h]:.1f} h"),
+        console=console,
+        transient=True,
     ) as bar:
         for name in names:
             task = bar.add_task(f"{name:>9}", total=len(workload.jobs), sim_h=0.0)
@@ -96,13 +120,24 @@ def _print_table(summaries: list[PolicySummary]) -> None:
 
     first = summaries[0]
     table = Table(title=f"{first.workload} on {first.cluster} ({first.num_jobs} jobs)")
-    for col in ("policy", "avg JCT (h)", "p99 JCT (h)", "makespan (h)", "restarts",
-                "GPU-hours", "wall (s)"):
+    for col in (
+        "policy",
+        "avg JCT (h)",
+        "p99 JCT (h)",
+        "makespan (h)",
+        "restarts",
+        "GPU-hours",
+        "wall (s)",
+    ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for s in summaries:
         table.add_row(
-            s.policy, f"{s.avg_jct_s / 3600:.3f}", f"{s.p99_jct_s / 3600:.3f}",
-            f"{s.makespan_s / 3600:.2f}", str(s.restarts), f"{s.gpu_hours:.1f}",
+            s.policy,
+            f"{s.avg_jct_s / 3600:.3f}",
+            f"{s.p99_jct_s / 3600:.3f}",
+            f"{s.makespan_s / 3600:.2f}",
+            str(s.restarts),
+            f"{s.gpu_hours:.1f}",
             f"{s.sim_wall_s:.1f}",
         )
     Console().print(table)
@@ -119,13 +154,21 @@ def plot(summaries: list[PolicySummary], out: Path) -> None:
     fig, (ax_cdf, ax_util) = plt.subplots(1, 2, figsize=(11, 4))
     for s in summaries:
         jcts = np.sort(np.asarray(s.jcts())) / 3600.0
-        ax_cdf.step(jcts, np.arange(1, jcts.size + 1) / max(jcts.size, 1), where="post",
-                    label=f"{s.policy} (avg {s.avg_jct_s / 3600:.2f} h)")
+        ax_cdf.step(
+            jcts,
+            np.arange(1, jcts.size + 1) / max(jcts.size, 1),
+            where="post",
+            label=f"{s.policy} (avg {s.avg_jct_s / 3600:.2f} h)",
+        )
         util = np.asarray(s.utilisation, dtype=np.float64).reshape(-1, 2)
         ax_util.plot(util[:, 0] / 3600.0, util[:, 1], label=s.policy, linewidth=0.8)
     ax_cdf.set(xscale="log", xlabel="JCT (hours)", ylabel="fraction of jobs", title="JCT CDF")
-    ax_util.set(xlabel="time (hours)", ylabel="allocated GPUs / total", ylim=(0, 1.05),
-                title="GPU utilisation")
+    ax_util.set(
+        xlabel="time (hours)",
+        ylabel="allocated GPUs / total",
+        ylim=(0, 1.05),
+        title="GPU utilisation",
+    )
     for ax in (ax_cdf, ax_util):
         ax.grid(alpha=0.3)
         ax.legend()

@@ -187,7 +187,10 @@ class _Job:
         times = np.array(list(self.profile.values()), dtype=np.float64)
         try:
             obs = Observations.build(
-                keys[:, 0], keys[:, 1], keys[:, 2], iter_time=times[:, 0],
+                keys[:, 0],
+                keys[:, 1],
+                keys[:, 2],
+                iter_time=times[:, 0],
                 grad_time=times[:, 0] - times[:, 1],
             )
             return fit_perf_params(obs, initial=self._prev_perf)
@@ -312,7 +315,10 @@ class Simulator:
     """One policy on one workload on one cluster; call :meth:`run` (or :meth:`step`)."""
 
     def __init__(
-        self, workload: Workload, cluster: ClusterSpec, policy: Policy,
+        self,
+        workload: Workload,
+        cluster: ClusterSpec,
+        policy: Policy,
         config: SimConfig | None = None,
     ) -> None:
         self.workload = workload
@@ -380,9 +386,7 @@ class Simulator:
         count = np.zeros(len(self.nodes), dtype=np.int64)
         for nodes in spread.values():
             count[list(nodes)] += 1
-        return {
-            name: level for name, nodes in spread.items() if any(count[i] > 1 for i in nodes)
-        }
+        return {name: level for name, nodes in spread.items() if any(count[i] > 1 for i in nodes)}
 
     def _step_time_fn(self, job: _Job) -> Callable[[int], float]:
         app, batch, gpn = job.app, job.spec.batch_size, self.cluster.gpus_per_node
@@ -483,7 +487,10 @@ class Simulator:
 
 
 def simulate(
-    workload: Workload, cluster: ClusterSpec, policy: Policy, config: SimConfig | None = None,
+    workload: Workload,
+    cluster: ClusterSpec,
+    policy: Policy,
+    config: SimConfig | None = None,
     progress: ProgressFn | None = None,
 ) -> SimResult:
     """Run ``policy`` on ``workload`` to completion (see :class:`Simulator`)."""

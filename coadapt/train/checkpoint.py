@@ -74,8 +74,10 @@ def load_checkpoint(directory: str | Path) -> dict[str, Any] | None:
         if i > 0:
             warnings.warn(
                 f"coadapt: {errors[0]}; resuming from the previous checkpoint {path}",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning,
+                stacklevel=2,
             )
         return payload
-    raise CheckpointError("; ".join(errors) + " (no usable checkpoint; delete the directory "
-                          "to start from scratch)")
+    raise CheckpointError(
+        "; ".join(errors) + " (no usable checkpoint; delete the directory to start from scratch)"
+    )

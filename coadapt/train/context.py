@@ -78,15 +78,17 @@ class TrainEnv:
         world = _env_int(env, "WORLD_SIZE", 1)
         rank = _env_int(env, "RANK", 0)
         if world < 1 or not 0 <= rank < world:
-            raise TrainConfigError(f"need 0 <= RANK < WORLD_SIZE, got RANK={rank} "
-                                   f"WORLD_SIZE={world}")
+            raise TrainConfigError(
+                f"need 0 <= RANK < WORLD_SIZE, got RANK={rank} WORLD_SIZE={world}"
+            )
         nodes = _env_int(env, "COADAPT_NUM_NODES", 1)
         if not 1 <= nodes <= world:
             raise TrainConfigError(f"need 1 <= COADAPT_NUM_NODES <= WORLD_SIZE, got {nodes}")
         mode = env.get("COADAPT_BATCH_MODE") or "adaptive"
         if mode not in BATCH_MODES:
-            raise TrainConfigError(f"COADAPT_BATCH_MODE={mode!r} is not one of "
-                                   f"{', '.join(BATCH_MODES)}")
+            raise TrainConfigError(
+                f"COADAPT_BATCH_MODE={mode!r} is not one of {', '.join(BATCH_MODES)}"
+            )
         ckpt = env.get("COADAPT_CHECKPOINT_DIR") or None
         mfile = env.get("COADAPT_METRICS_FILE") or None
         return cls(
@@ -132,7 +134,8 @@ class TrainingContext:
     def __init__(self, env: TrainEnv, backend: str | None = None) -> None:
         self.env = env
         self.device = (
-            torch.device("cuda", env.local_rank) if torch.cuda.is_available()
+            torch.device("cuda", env.local_rank)
+            if torch.cuda.is_available()
             else torch.device("cpu")
         )
         self.stop_requested = False
@@ -144,8 +147,10 @@ class TrainingContext:
             if backend == "nccl":
                 torch.cuda.set_device(self.device)
             dist.init_process_group(
-                backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
-                rank=env.rank, world_size=env.world_size,
+                backend,
+                init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                rank=env.rank,
+                world_size=env.world_size,
             )
             self._owns_group = True
         self.checkpoint: dict[str, Any] | None = (
@@ -154,16 +159,18 @@ class TrainingContext:
         self.metrics = self._make_sink()
 
     def _make_sink(self) -> MetricsSink:
-        base = {"job_id": self.env.job_id, "rank": self.env.rank,
-                "restarts": self.env.restarts}
+        base = {"job_id": self.env.job_id, "rank": self.env.rank, "restarts": self.env.restarts}
         if self.env.rank != 0:
             return MetricsSink(base=base)  # only rank 0 speaks for the job
         if self.env.metrics_url:
             return MetricsSink(url=self.env.metrics_url, base=base)
         path = self.env.metrics_file
         if path is None:
-            path = (self.env.checkpoint_dir / "metrics.jsonl" if self.env.checkpoint_dir
-                    else Path("coadapt-metrics.jsonl"))
+            path = (
+                self.env.checkpoint_dir / "metrics.jsonl"
+                if self.env.checkpoint_dir
+                else Path("coadapt-metrics.jsonl")
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         return MetricsSink(path=path, base=base)
 

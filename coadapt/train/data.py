@@ -33,8 +33,7 @@ from coadapt.train.context import TrainConfigError, TrainingContext, current
 def split_batch(total: int, replicas: int, max_local_bsz: int | None) -> tuple[int, int]:
     """(m, s) for a total batch: the fewest accumulation steps whose micro-batch fits."""
     if total < 1 or replicas < 1:
-        raise TrainConfigError(f"need total batch >= 1 and replicas >= 1, got {total}, "
-                               f"{replicas}")
+        raise TrainConfigError(f"need total batch >= 1 and replicas >= 1, got {total}, {replicas}")
     per_replica = -(-total // replicas)
     cap = max_local_bsz if max_local_bsz is not None else per_replica
     accum = max(-(-per_replica // cap) - 1, 0)
@@ -70,8 +69,7 @@ class AdaptiveDataLoader:
         if batch_size < 1:
             raise TrainConfigError(f"batch_size must be >= 1, got {batch_size}")
         if max_batch_size is not None and max_batch_size < batch_size:
-            raise TrainConfigError(f"max_batch_size ({max_batch_size}) < batch_size "
-                                   f"({batch_size})")
+            raise TrainConfigError(f"max_batch_size ({max_batch_size}) < batch_size ({batch_size})")
         if max_local_bsz is not None and max_local_bsz < min_local_bsz:
             raise TrainConfigError("max_local_bsz must be >= min_local_bsz")
         self.dataset = dataset
@@ -80,28 +78,33 @@ class AdaptiveDataLoader:
             raise TrainConfigError("the dataset is empty")
         self.ctx = context if context is not None else current()
         self.init_batch_size = batch_size
-        self.max_batch_size = (pinned_batch_size or max_batch_size or batch_size)
+        self.max_batch_size = pinned_batch_size or max_batch_size or batch_size
         self.max_local_bsz = max_local_bsz
         self.min_local_bsz = min_local_bsz
         self.pinned_batch_size = pinned_batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.collate_fn = collate_fn or _default_collate
-        plain_tensors = (isinstance(dataset, TensorDataset) and collate_fn is None
-                         and type(dataset).__getitem__ is TensorDataset.__getitem__)
+        plain_tensors = (
+            isinstance(dataset, TensorDataset)
+            and collate_fn is None
+            and type(dataset).__getitem__ is TensorDataset.__getitem__
+        )
         if batched_fetch and not plain_tensors:
-            raise TrainConfigError("batched_fetch needs a plain TensorDataset and the default "
-                                   "collate_fn")
+            raise TrainConfigError(
+                "batched_fetch needs a plain TensorDataset and the default collate_fn"
+            )
         self.batched_fetch = plain_tensors if batched_fetch is None else batched_fetch
         self._tensors: tuple[torch.Tensor, ...] = (
-            dataset.tensors if self.batched_fetch and isinstance(dataset, TensorDataset)
-            else ())
+            dataset.tensors if self.batched_fetch and isinstance(dataset, TensorDataset) else ()
+        )
         self.replicas = self.ctx.world_size
         self.rank = self.ctx.rank
         self.epoch = 0
         self.position = 0  # samples of this epoch consumed by completed optimizer steps
         self.local_bsz, self.accum_steps = split_batch(
-            pinned_batch_size or batch_size, self.replicas, max_local_bsz)
+            pinned_batch_size or batch_size, self.replicas, max_local_bsz
+        )
         self.micro_index = 0
         self.is_sync_step = True
         self.step_local_bsz = self.local_bsz  # m of the in-flight step (smaller at epoch end)
@@ -115,7 +118,8 @@ class AdaptiveDataLoader:
         if restored and self._saved_replicas != self.replicas:
             total = self._saved_total
             self.local_bsz, self.accum_steps = split_batch(
-                max(total, self.replicas), self.replicas, max_local_bsz)
+                max(total, self.replicas), self.replicas, max_local_bsz
+            )
 
     # -- configuration --------------------------------------------------------------------
     @property
@@ -126,8 +130,7 @@ class AdaptiveDataLoader:
     def set_batch(self, local_bsz: int, accum_steps: int) -> None:
         """Change (m, s); takes effect at the next optimizer step."""
         if local_bsz < 1 or accum_steps < 0:
-            raise TrainConfigError(f"invalid micro-batch {local_bsz} / accumulation "
-                                   f"{accum_steps}")
+            raise TrainConfigError(f"invalid micro-batch {local_bsz} / accumulation {accum_steps}")
         self.local_bsz, self.accum_steps = int(local_bsz), int(accum_steps)
 
     # -- order ----------------------------------------------------------------------------
@@ -178,7 +181,7 @@ class AdaptiveDataLoader:
                 if m < 1:
                     break
             total = k * m * (s + 1)
-            chunk = perm[self.position:self.position + total]
+            chunk = perm[self.position : self.position + total]
             self.last_global_indices = chunk
             self._pending = total
             self.step_local_bsz = m
@@ -189,7 +192,7 @@ class AdaptiveDataLoader:
                 self.fetch_start = time.perf_counter()
                 if j == 0:
                     self.step_start = self.fetch_start
-                yield self._fetch(chunk[start:start + m])
+                yield self._fetch(chunk[start : start + m])
         if self._pending:
             self.commit_step()
         self.epoch = epoch + 1
@@ -209,19 +212,23 @@ class AdaptiveDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "epoch": self.epoch, "position": self.position, "seed": self.seed,
-            "local_bsz": self.local_bsz, "accum_steps": self.accum_steps,
-            "replicas": self.replicas, "size": self.size,
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "local_bsz": self.local_bsz,
+            "accum_steps": self.accum_steps,
+            "replicas": self.replicas,
+            "size": self.size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["size"]) != self.size:
-            raise TrainConfigError(f"checkpointed dataset had {state['size']} samples, this "
-                                   f"one has {self.size}")
+            raise TrainConfigError(
+                f"checkpointed dataset had {state['size']} samples, this one has {self.size}"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self.seed = int(state["seed"])
         self.local_bsz, self.accum_steps = int(state["local_bsz"]), int(state["accum_steps"])
         self._saved_replicas = int(state["replicas"])
         self._saved_total = self._saved_replicas * self.local_bsz * (self.accum_steps + 1)
         self._pending = 0
-

@@ -27,8 +27,9 @@ from coadapt.goodput import GradParams
 _TINY = 1e-30
 
 
-def estimate(piece_sqr: float, total_sqr: float, piece_bsz: float,
-             num_pieces: float) -> tuple[float, float]:
+def estimate(
+    piece_sqr: float, total_sqr: float, piece_bsz: float, num_pieces: float
+) -> tuple[float, float]:
     """Unbiased (|G|², tr Σ) from piece and combined squared norms (see module doc)."""
     if num_pieces <= 1 or piece_bsz <= 0:
         raise ValueError("need at least two pieces of at least one sample each")
@@ -93,8 +94,13 @@ class GradNoiseEMA:
         return trace / sqr
 
     def state_dict(self) -> dict[str, Any]:
-        return {"smoothing": self.smoothing, "sqr": self.sqr, "trace": self.trace,
-                "weight": self.weight, "count": self.count}
+        return {
+            "smoothing": self.smoothing,
+            "sqr": self.sqr,
+            "trace": self.trace,
+            "weight": self.weight,
+            "count": self.count,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sqr, self.trace = float(state["sqr"]), float(state["trace"])

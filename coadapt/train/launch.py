@@ -51,17 +51,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def replica_env(rank: int, replicas: int, port: int, job_id: str,
-                checkpoint_dir: str | None, restarts: int = 0,
-                base: dict[str, str] | None = None) -> dict[str, str]:
+def replica_env(
+    rank: int,
+    replicas: int,
+    port: int,
+    job_id: str,
+    checkpoint_dir: str | None,
+    restarts: int = 0,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
     """The environment of one local replica."""
     env = dict(os.environ if base is None else base)
-    env.update({
-        "RANK": str(rank), "WORLD_SIZE": str(replicas), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port), "COADAPT_JOB_ID": job_id, "COADAPT_NUM_NODES": "1",
-        "COADAPT_RESTARTS": str(restarts), "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(replicas),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(replicas),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "COADAPT_JOB_ID": job_id,
+            "COADAPT_NUM_NODES": "1",
+            "COADAPT_RESTARTS": str(restarts),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if checkpoint_dir is not None:
         env["COADAPT_CHECKPOINT_DIR"] = str(Path(checkpoint_dir).resolve())
@@ -134,20 +148,29 @@ class ZygoteClient:
         self._next_id = 0
         self.alive = True
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coadapt.train.zygote", "--fd", str(theirs.fileno()),
-             "--preload", ",".join(preload)],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "coadapt.train.zygote",
+                "--fd",
+                str(theirs.fileno()),
+                "--preload",
+                ",".join(preload),
+            ],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         theirs.close()
         if self.proc.stdout is None:  # cannot happen with stdout=PIPE; keeps the types honest
             raise LaunchError("zygote has no stdout pipe")
-        pump = threading.Thread(target=_pump, args=(self.proc.stdout, "[zygote] ", out, lock),
-                                daemon=True)
+        pump = threading.Thread(
+            target=_pump, args=(self.proc.stdout, "[zygote] ", out, lock), daemon=True
+        )
         pump.start()
         self.pumps.append(pump)
-        self._reader = threading.Thread(target=self._read, name="coadapt-zygote",
-                                        daemon=True)
+        self._reader = threading.Thread(target=self._read, name="coadapt-zygote", daemon=True)
         self._reader.start()
 
     def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -158,8 +181,9 @@ class ZygoteClient:
             else:
                 self._sock.send(data)
 
-    def spawn(self, rank: int, script: str, args: Sequence[str], env: dict[str, str],
-              out: IO[str]) -> _ForkedReplica:
+    def spawn(
+        self, rank: int, script: str, args: Sequence[str], env: dict[str, str], out: IO[str]
+    ) -> _ForkedReplica:
         """Ask for one replica; its output is streamed like a cold replica's."""
         if not self.alive:
             raise LaunchError("the zygote has exited; cannot start replicas")
@@ -170,16 +194,26 @@ class ZygoteClient:
             self._next_id += 1
             self._pending[ident] = replica
         try:
-            self._send({"op": "spawn", "id": ident, "script": script, "argv": list(args),
-                        "env": env, "cwd": os.getcwd()}, [write_fd])
+            self._send(
+                {
+                    "op": "spawn",
+                    "id": ident,
+                    "script": script,
+                    "argv": list(args),
+                    "env": env,
+                    "cwd": os.getcwd(),
+                },
+                [write_fd],
+            )
         except OSError as exc:
             os.close(read_fd)
             raise LaunchError(f"the zygote is gone: {exc}") from exc
         finally:
             os.close(write_fd)  # the child holds it now: EOF when the child exits
         stream = os.fdopen(read_fd, "rb")
-        pump = threading.Thread(target=_pump, args=(stream, f"[{rank}] ", out, self._out_lock),
-                                daemon=True)
+        pump = threading.Thread(
+            target=_pump, args=(stream, f"[{rank}] ", out, self._out_lock), daemon=True
+        )
         pump.start()
         self.pumps.append(pump)
         return replica
@@ -241,24 +275,39 @@ class ZygoteClient:
 class LocalJob:
     """One run-local job: K replicas, restarted at another K on request when elastic."""
 
-    def __init__(self, script: str, script_args: Sequence[str], replicas: int,
-                 checkpoint_dir: str | None = None, job_id: str | None = None,
-                 restarts: int = 0, out: IO[str] | None = None, *, zygote: bool = False,
-                 preload: Sequence[str] = (), elastic: bool = False,
-                 control_file: str | None = None) -> None:
+    def __init__(
+        self,
+        script: str,
+        script_args: Sequence[str],
+        replicas: int,
+        checkpoint_dir: str | None = None,
+        job_id: str | None = None,
+        restarts: int = 0,
+        out: IO[str] | None = None,
+        *,
+        zygote: bool = False,
+        preload: Sequence[str] = (),
+        elastic: bool = False,
+        control_file: str | None = None,
+    ) -> None:
         if replicas < 1:
             raise ValueError(f"need at least one replica, got {replicas}")
         if elastic and control_file is None and checkpoint_dir is None:
-            raise LaunchError("--elastic needs --checkpoint-dir or --control-file (where the "
-                              "new replica count is read from)")
+            raise LaunchError(
+                "--elastic needs --checkpoint-dir or --control-file (where the "
+                "new replica count is read from)"
+            )
         self.script, self.script_args = script, list(script_args)
         self.replicas, self.restarts = replicas, restarts
         self.checkpoint_dir = checkpoint_dir
         self.job_id = job_id or os.environ.get("COADAPT_JOB_ID") or f"local-{uuid.uuid4().hex[:8]}"
         self.out: IO[str] = out if out is not None else sys.stdout
         self.elastic = elastic
-        self.control_file = Path(control_file) if control_file is not None else (
-            Path(checkpoint_dir) / "replicas" if checkpoint_dir is not None else None)
+        self.control_file = (
+            Path(control_file)
+            if control_file is not None
+            else (Path(checkpoint_dir) / "replicas" if checkpoint_dir is not None else None)
+        )
         self._lock = threading.Lock()
         self._zygote = ZygoteClient(preload, self.out, self._lock) if zygote else None
         self._procs: list[Replica] = []
@@ -289,19 +338,26 @@ class LocalJob:
         port = free_port()
         self._procs = []
         for rank in range(self.replicas):
-            env = replica_env(rank, self.replicas, port, self.job_id, self.checkpoint_dir,
-                              self.restarts)
+            env = replica_env(
+                rank, self.replicas, port, self.job_id, self.checkpoint_dir, self.restarts
+            )
             if self._zygote is not None:
                 script = str(Path(self.script).resolve())
-                self._procs.append(self._zygote.spawn(rank, script, self.script_args, env,
-                                                      self.out))
+                self._procs.append(
+                    self._zygote.spawn(rank, script, self.script_args, env, self.out)
+                )
                 continue
-            proc = subprocess.Popen([sys.executable, self.script, *self.script_args], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, self.script, *self.script_args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
             if proc.stdout is None:  # cannot happen with stdout=PIPE
                 raise LaunchError("replica has no stdout pipe")
-            pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{rank}] ", self.out,
-                                                        self._lock), daemon=True)
+            pump = threading.Thread(
+                target=_pump, args=(proc.stdout, f"[{rank}] ", self.out, self._lock), daemon=True
+            )
             pump.start()
             self._pumps.append(pump)
             self._procs.append(_ColdReplica(rank, proc))
@@ -330,8 +386,9 @@ class LocalJob:
         try:
             value = int(self.control_file.read_text().strip())
         except (OSError, ValueError) as exc:
-            self._say(f"cannot read the replica count from {self.control_file}: {exc}; "
-                      "rescale ignored")
+            self._say(
+                f"cannot read the replica count from {self.control_file}: {exc}; rescale ignored"
+            )
             return None
         if value < 1:
             self._say(f"{self.control_file} asks for {value} replicas; rescale ignored")
@@ -404,41 +461,74 @@ class LocalJob:
             time.sleep(_POLL_S)
 
 
-def launch(script: str, script_args: Sequence[str], replicas: int,
-           checkpoint_dir: str | None = None, job_id: str | None = None,
-           restarts: int = 0, out: IO[str] | None = None, *, zygote: bool = False,
-           preload: Sequence[str] = (), elastic: bool = False,
-           control_file: str | None = None) -> int:
+def launch(
+    script: str,
+    script_args: Sequence[str],
+    replicas: int,
+    checkpoint_dir: str | None = None,
+    job_id: str | None = None,
+    restarts: int = 0,
+    out: IO[str] | None = None,
+    *,
+    zygote: bool = False,
+    preload: Sequence[str] = (),
+    elastic: bool = False,
+    control_file: str | None = None,
+) -> int:
     """Run ``replicas`` copies of ``script`` and return the worst exit code."""
-    job = LocalJob(script, script_args, replicas, checkpoint_dir, job_id, restarts, out,
-                   zygote=zygote or elastic, preload=preload, elastic=elastic,
-                   control_file=control_file)
+    job = LocalJob(
+        script,
+        script_args,
+        replicas,
+        checkpoint_dir,
+        job_id,
+        restarts,
+        out,
+        zygote=zygote or elastic,
+        preload=preload,
+        elastic=elastic,
+        control_file=control_file,
+    )
     return job.run()
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``run-local`` on a ``coadapt`` CLI sub-parser collection."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "run-local", help="run K replicas of a training script on this machine",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run-local",
+        help="run K replicas of a training script on this machine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-n", "--replicas", type=int, default=1, help="number of replicas")
-    parser.add_argument("--checkpoint-dir", default=None,
-                        help="directory for checkpoints (enables restart/rescale)")
+    parser.add_argument(
+        "--checkpoint-dir", default=None, help="directory for checkpoints (enables restart/rescale)"
+    )
     parser.add_argument("--job-id", default=None, help="job id reported with metrics")
     parser.add_argument("--restarts", type=int, default=0, help="restart count to report")
-    parser.add_argument("--elastic", action="store_true",
-                        help="stay up across rescales: SIGUSR1 restarts the job at the "
-                        "replica count in the control file (implies --zygote)")
-    parser.add_argument("--control-file", default=None,
-                        help="file holding the replica count to rescale to on SIGUSR1 "
-                        "(default: <checkpoint-dir>/replicas)")
-    parser.add_argument("--zygote", action="store_true",
-                        help="fork replicas from a warm process that has imported torch "
-                        "once (faster start, one import for all replicas)")
-    parser.add_argument("--preload", default="",
-                        help="comma-separated modules the zygote imports before forking "
-                        "(e.g. sklearn.datasets)")
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="stay up across rescales: SIGUSR1 restarts the job at the "
+        "replica count in the control file (implies --zygote)",
+    )
+    parser.add_argument(
+        "--control-file",
+        default=None,
+        help="file holding the replica count to rescale to on SIGUSR1 "
+        "(default: <checkpoint-dir>/replicas)",
+    )
+    parser.add_argument(
+        "--zygote",
+        action="store_true",
+        help="fork replicas from a warm process that has imported torch "
+        "once (faster start, one import for all replicas)",
+    )
+    parser.add_argument(
+        "--preload",
+        default="",
+        help="comma-separated modules the zygote imports before forking (e.g. sklearn.datasets)",
+    )
     parser.add_argument("script", help="training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     parser.set_defaults(func=run)
@@ -448,9 +538,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     preload = [m.strip() for m in args.preload.split(",") if m.strip()]
     try:
-        return launch(args.script, list(args.args), args.replicas, args.checkpoint_dir,
-                      args.job_id, args.restarts, zygote=args.zygote, preload=preload,
-                      elastic=args.elastic, control_file=args.control_file)
+        return launch(
+            args.script,
+            list(args.args),
+            args.replicas,
+            args.checkpoint_dir,
+            args.job_id,
+            args.restarts,
+            zygote=args.zygote,
+            preload=preload,
+            elastic=args.elastic,
+            control_file=args.control_file,
+        )
     except LaunchError as exc:
         print(f"coadapt run-local: {exc}", file=sys.stderr)
         return 2

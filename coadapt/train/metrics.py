@@ -55,8 +55,7 @@ class MetricsSink:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=maxsize)
         self._thread: threading.Thread | None = None
         if url is not None or self.path is not None:
-            self._thread = threading.Thread(target=self._drain, name="coadapt-metrics",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._drain, name="coadapt-metrics", daemon=True)
             self._thread.start()
 
     def emit(self, kind: str, **fields: Any) -> None:
@@ -77,7 +76,9 @@ class MetricsSink:
         if self.url is None:
             return
         req = urllib.request.Request(
-            self.url, data=data.encode(), headers={"Content-Type": "application/json"},
+            self.url,
+            data=data.encode(),
+            headers={"Content-Type": "application/json"},
             method="POST",
         )
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:

@@ -46,8 +46,16 @@ from coadapt.train.data import AdaptiveDataLoader
 from coadapt.train.gns import GradNoiseEMA, estimate
 from coadapt.train.profile import Profile
 
-_ADAPTIVE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
-             torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adadelta)
+_ADAPTIVE = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adadelta,
+)
 _PRECONDITIONED = (torch.optim.Adam, torch.optim.AdamW)
 _WARMUP_STEPS = 3  # steps after a start or batch change that are not profiled
 _MIN_MEASUREMENTS = 8  # noise measurements before the batch size may change
@@ -79,13 +87,13 @@ class AdaptiveModel:
         checkpoint_every: int | None = None,
     ) -> None:
         if retune_every < 1 or measure_every < 2 or report_every < 1:
-            raise TrainConfigError("need retune_every >= 1, measure_every >= 2, "
-                                   "report_every >= 1")
+            raise TrainConfigError("need retune_every >= 1, measure_every >= 2, report_every >= 1")
         if checkpoint_every is None:
             checkpoint_every = loader.ctx.env.checkpoint_every
         if checkpoint_every < 0:
-            raise TrainConfigError(f"checkpoint_every must be >= 0 (0 = only on SIGTERM), "
-                                   f"got {checkpoint_every}")
+            raise TrainConfigError(
+                f"checkpoint_every must be >= 0 (0 = only on SIGTERM), got {checkpoint_every}"
+            )
         # Periodic checkpoints bound the work lost when a node dies without a SIGTERM. Counted
         # in optimizer steps, which every rank agrees on, so no extra collective is needed.
         self.checkpoint_every = checkpoint_every
@@ -95,7 +103,8 @@ class AdaptiveModel:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.lr_rule: LRRule | str | Callable[[int, int], float] = (
-            lr_rule if lr_rule is not None else default_lr_rule(optimizer))
+            lr_rule if lr_rule is not None else default_lr_rule(optimizer)
+        )
         lr_factor(self.lr_rule, 1, 1)  # validate the rule now, not at the first batch change
         # The scheduler's policy may fix the batch (COADAPT_BATCH_MODE); then never retune.
         self.adapt = adapt and self.ctx.env.batch_mode == "adaptive"
@@ -128,8 +137,7 @@ class AdaptiveModel:
         self.ddp: DistributedDataParallel | None = None
         if self.ctx.distributed:
             ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.module, device_ids=ids,
-                                               **(ddp_kwargs or {}))
+            self.ddp = DistributedDataParallel(self.module, device_ids=ids, **(ddp_kwargs or {}))
             # A lambda: DDP checks annotations and ours are strings (postponed evaluation).
             self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
         self._update_lr_scale()
@@ -196,8 +204,9 @@ class AdaptiveModel:
         if pair is None or pair.shape[1] != total:
             if row == 1:
                 return False  # the gradient set changed since row 0 was filled
-            dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else (
-                torch.float32)
+            dtype = (
+                torch.float64 if any(g.dtype == torch.float64 for g in grads) else (torch.float32)
+            )
             pair = self._pair = torch.zeros(2, total, dtype=dtype, device=self.ctx.device)
         torch.cat([g.detach().reshape(-1) for g in grads], out=pair[row])
         return True
@@ -215,8 +224,9 @@ class AdaptiveModel:
         return gram
 
     # -- DDP comm hook (K > 1) ------------------------------------------------------------
-    def _comm_hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[
-            torch.Tensor]:
+    def _comm_hook(
+        self, state: object, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
         """All-reduce (mean) one bucket; on measuring steps also take its squared norms.
 
         Every step the last bucket carries two extra elements, [Σ local |g|², stop flag], so
@@ -239,8 +249,7 @@ class AdaptiveModel:
         if bucket.is_last():
             stop = self.ctx.stop_requested
             if measure and self._local_sq is not None:
-                extra = torch.stack([self._local_sq.to(buf.dtype),
-                                     self._flag(stop, buf)[1]])
+                extra = torch.stack([self._local_sq.to(buf.dtype), self._flag(stop, buf)[1]])
             else:
                 extra = self._flag(stop, buf)
             self._local_sq = None
@@ -273,8 +282,9 @@ class AdaptiveModel:
         """The cached [0, stop] pair in the bucket's dtype and device (no per-step alloc)."""
         flag = self._flags.get(stop)
         if flag is None or flag.dtype != like.dtype or flag.device != like.device:
-            flag = self._flags[stop] = torch.tensor([0.0, 1.0 if stop else 0.0],
-                                                    dtype=like.dtype, device=like.device)
+            flag = self._flags[stop] = torch.tensor(
+                [0.0, 1.0 if stop else 0.0], dtype=like.dtype, device=like.device
+            )
         return flag
 
     # -- the training step ----------------------------------------------------------------
@@ -289,8 +299,11 @@ class AdaptiveModel:
         sync = loader.is_sync_step
         (loss / (s + 1) if s > 0 else loss).backward()
         if not sync:
-            if (loader.micro_index == 0 and self.ddp is None
-                    and self.steps % self.measure_every == 0):
+            if (
+                loader.micro_index == 0
+                and self.ddp is None
+                and self.steps % self.measure_every == 0
+            ):
                 # The first micro-batch's gradient, scaled back from loss / (s + 1).
                 self._piece_scale = float((s + 1) ** 2) if self._flatten(0) else None
             if self._warmup <= 0:
@@ -313,8 +326,9 @@ class AdaptiveModel:
                 self.profile.record_grad(self._key(), now - loader.step_start)
         if not self._stepped:  # restart latency: the controller times a rescale by this
             self._stepped = True
-            self.ctx.metrics.emit("first_step", step=self.steps, replicas=self._replicas,
-                                  batch_size=loader.batch_size)
+            self.ctx.metrics.emit(
+                "first_step", step=self.steps, replicas=self._replicas, batch_size=loader.batch_size
+            )
         if self.steps % self.report_every == 0:
             self.last_loss = float(loss.detach())
             self._emit_progress()
@@ -324,16 +338,23 @@ class AdaptiveModel:
             # Exit at the next forward, so the caller still sees (and logs) this step and the
             # checkpoint holds exactly the state after it, RNG included.
             self._stop_pending = True
-        if self._force_retune or self.steps % self.retune_every == 0 or (
-                loader.epoch != self._last_epoch):
+        if (
+            self._force_retune
+            or self.steps % self.retune_every == 0
+            or (loader.epoch != self._last_epoch)
+        ):
             self._last_epoch = loader.epoch
             self._force_retune = False
             self.retune()
         return True
 
     def _key(self) -> tuple[int, int, int, int]:
-        return (self.ctx.env.num_nodes, self._replicas, self.loader.step_local_bsz,
-                self.loader.accum_steps)
+        return (
+            self.ctx.env.num_nodes,
+            self._replicas,
+            self.loader.step_local_bsz,
+            self.loader.accum_steps,
+        )
 
     def _measure_distributed(self) -> bool:
         """Update the noise estimate; return the *agreed* stop flag.
@@ -387,8 +408,9 @@ class AdaptiveModel:
 
     # -- learning rate and batch size -----------------------------------------------------
     def _update_lr_scale(self) -> None:
-        self.lr_scale = lr_factor(self.lr_rule, self.loader.init_batch_size,
-                                  self.loader.batch_size, self.grad_params)
+        self.lr_scale = lr_factor(
+            self.lr_rule, self.loader.init_batch_size, self.loader.batch_size, self.grad_params
+        )
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's current goodput model (None until it has a profile and noise stats)."""
@@ -398,7 +420,8 @@ class AdaptiveModel:
             return None
         if grad is None:
             if self.loader.max_batch_size > self.loader.init_batch_size and (
-                    self.loader.pinned_batch_size is None):
+                self.loader.pinned_batch_size is None
+            ):
                 return None  # cannot judge a batch change without noise statistics
             grad = GradParams(sqr=1.0, var=0.0)
         try:
@@ -423,7 +446,8 @@ class AdaptiveModel:
         limits = BatchLimits(
             init_batch_size=loader.init_batch_size,
             max_batch_size=max(min(loader.max_batch_size, cap), loader.init_batch_size),
-            min_local_bsz=loader.min_local_bsz, max_local_bsz=loader.max_local_bsz,
+            min_local_bsz=loader.min_local_bsz,
+            max_local_bsz=loader.max_local_bsz,
             pinned_batch=loader.pinned_batch_size,
         )
         choice = model.optimize(nodes, k, limits)
@@ -431,9 +455,16 @@ class AdaptiveModel:
         cur_good = float(model.goodput(nodes, k, cur[0], cur[1]))
         new = (int(choice.local_bsz), int(choice.accum_steps))
         self.ctx.metrics.emit(
-            "goodput", step=self.steps, pgns=self.pgns, perf=model.perf.__dict__,
-            grad=model.grad.__dict__, profile=self.profile.table(), current=list(cur),
-            current_goodput=cur_good, best=list(new), best_goodput=new_good,
+            "goodput",
+            step=self.steps,
+            pgns=self.pgns,
+            perf=model.perf.__dict__,
+            grad=model.grad.__dict__,
+            profile=self.profile.table(),
+            current=list(cur),
+            current_goodput=cur_good,
+            best=list(new),
+            best_goodput=new_good,
         )
         if new != cur and math.isfinite(new_good) and should_adopt(cur_good, new_good):
             return new
@@ -442,8 +473,7 @@ class AdaptiveModel:
     def retune(self) -> None:
         """Re-fit the goodput model and maybe adopt a new (m, s) (all ranks must call)."""
         loader = self.loader
-        fixed = (loader.pinned_batch_size is None
-                 and loader.max_batch_size <= loader.init_batch_size)
+        fixed = loader.pinned_batch_size is None and loader.max_batch_size <= loader.init_batch_size
         if not self.adapt or fixed:
             self._update_lr_scale()
             return
@@ -456,16 +486,27 @@ class AdaptiveModel:
             loader.set_batch(*choice)
             self._warmup = _WARMUP_STEPS
             self._piece_scale = None
-            self.ctx.metrics.emit("batch", step=self.steps, local_bsz=choice[0],
-                                  accum_steps=choice[1], batch_size=loader.batch_size)
+            self.ctx.metrics.emit(
+                "batch",
+                step=self.steps,
+                local_bsz=choice[0],
+                accum_steps=choice[1],
+                batch_size=loader.batch_size,
+            )
         self._update_lr_scale()
 
     def _emit_progress(self) -> None:
         self.ctx.metrics.emit(
-            "progress", step=self.steps, epoch=self.loader.epoch,
-            position=self.loader.position, batch_size=self.loader.batch_size,
-            local_bsz=self.loader.local_bsz, accum_steps=self.loader.accum_steps,
-            replicas=self._replicas, lr_scale=self.lr_scale, pgns=self.pgns,
+            "progress",
+            step=self.steps,
+            epoch=self.loader.epoch,
+            position=self.loader.position,
+            batch_size=self.loader.batch_size,
+            local_bsz=self.loader.local_bsz,
+            accum_steps=self.loader.accum_steps,
+            replicas=self._replicas,
+            lr_scale=self.lr_scale,
+            pgns=self.pgns,
             loss=self.last_loss,
         )
 

@@ -41,18 +41,28 @@ class Profile:
             return None
         arr = np.array(keys, dtype=np.float64)
         it = np.array([self.rows[k][1] / self.rows[k][0] for k in keys])
-        gt = np.array([self.rows[k][3] / self.rows[k][2] if self.rows[k][2] > 0 else np.nan
-                       for k in keys])
-        return Observations.build(arr[:, 0], arr[:, 1], arr[:, 2], it, accum_steps=arr[:, 3],
-                                  grad_time=gt)
+        gt = np.array(
+            [self.rows[k][3] / self.rows[k][2] if self.rows[k][2] > 0 else np.nan for k in keys]
+        )
+        return Observations.build(
+            arr[:, 0], arr[:, 1], arr[:, 2], it, accum_steps=arr[:, 3], grad_time=gt
+        )
 
     def table(self) -> list[dict[str, float]]:
         """Rows as plain dictionaries (for the metrics channel)."""
         out = []
         for (n, k, m, s), r in self.rows.items():
-            out.append({"nodes": n, "replicas": k, "local_bsz": m, "accum_steps": s,
-                        "iter_time": r[1] / r[0] if r[0] else float("nan"),
-                        "grad_time": r[3] / r[2] if r[2] else float("nan"), "count": r[0]})
+            out.append(
+                {
+                    "nodes": n,
+                    "replicas": k,
+                    "local_bsz": m,
+                    "accum_steps": s,
+                    "iter_time": r[1] / r[0] if r[0] else float("nan"),
+                    "grad_time": r[3] / r[2] if r[2] else float("nan"),
+                    "count": r[0],
+                }
+            )
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -46,10 +46,18 @@ from typing import Any
 
 # Imported before any fork so children find them in sys.modules.
 DEFAULT_PRELOAD = (
-    "torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data", "torch.optim",
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.utils.data",
+    "torch.optim",
     "torch._dynamo",  # the first optimizer imports it: ~2 s per replica otherwise
-    "coadapt.train.checkpoint", "coadapt.train.context", "coadapt.train.data",
-    "coadapt.train.gns", "coadapt.train.metrics", "coadapt.train.model",
+    "coadapt.train.checkpoint",
+    "coadapt.train.context",
+    "coadapt.train.data",
+    "coadapt.train.gns",
+    "coadapt.train.metrics",
+    "coadapt.train.model",
     "coadapt.train.profile",
 )
 MAX_MESSAGE = 1 << 20
@@ -106,11 +114,15 @@ def _reset_child_state(stdio_fd: int, env: dict[str, str], cwd: str) -> None:
     encoding = sys.stdout.encoding if sys.stdout is not None else "utf-8"
     # Line-buffered and written through, as PYTHONUNBUFFERED=1 gives a cold replica.
     sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding=encoding, line_buffering=True,
-        write_through=True)
+        io.FileIO(1, "w", closefd=False), encoding=encoding, line_buffering=True, write_through=True
+    )
     sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding=encoding, errors="backslashreplace",
-        line_buffering=True, write_through=True)
+        io.FileIO(2, "w", closefd=False),
+        encoding=encoding,
+        errors="backslashreplace",
+        line_buffering=True,
+        write_through=True,
+    )
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -121,8 +133,9 @@ def _reset_child_state(stdio_fd: int, env: dict[str, str], cwd: str) -> None:
         np.random.seed()
 
 
-def _run_child(sock: socket.socket, extra_fds: list[int], stdio_fd: int,
-               request: dict[str, Any]) -> None:
+def _run_child(
+    sock: socket.socket, extra_fds: list[int], stdio_fd: int, request: dict[str, Any]
+) -> None:
     """Body of a forked replica; never returns."""
     code = 1
     try:
@@ -222,8 +235,10 @@ class Zygote:
                 return
             self.children.discard(pid)
             with contextlib.suppress(OSError):
-                send(self.sock, {"event": "exit", "pid": pid,
-                                 "code": os.waitstatus_to_exitcode(status)})
+                send(
+                    self.sock,
+                    {"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)},
+                )
 
     def _finish(self) -> int:
         """The launcher is gone: do not leave replicas behind."""

@@ -91,23 +91,50 @@ def _invquad(p: np.ndarray, x: np.ndarray) -> np.ndarray:
 _INF = np.inf
 #: Parameters in normalised units: x/x_last in (0, 1], y scaled to a unit range.
 _FAMILIES: tuple[_Family, ...] = (
-    _Family("pow3", _pow3, ((0.2, 1.0, 0.5), (1.0, 2.0, 1.5), (0.0, 0.5, 0.2)),
-            (-_INF, -_INF, 1e-3), (_INF, _INF, 5.0)),
-    _Family("exp3", _exp3, ((0.1, 3.0, 3.0), (0.5, 2.0, 1.0), (0.0, 10.0, 10.0)),
-            (-_INF, -_INF, 1e-3), (_INF, _INF, 100.0)),
-    _Family("log-power", _logpower, ((0.2, 1.5, math.log(0.2), 1.0),
-                                     (1.0, 2.0, math.log(0.5), 2.0)),
-            (-_INF, -_INF, math.log(1e-4), 0.1), (_INF, _INF, math.log(1e3), 10.0)),
-    _Family("weibull", _weibull, ((0.1, 2.0, 3.0, 1.0), (0.5, 2.0, 1.0, 0.5)),
-            (-_INF, -_INF, 1e-3, 0.1), (_INF, _INF, 100.0, 5.0)),
-    _Family("inv-quad", _invquad, ((0.1, -2.0, 5.0, 5.0), (0.5, -1.0, 1.0, 1.0)),
-            (-_INF, -_INF, 0.0, 0.0), (_INF, _INF, 1e4, 1e4)),
+    _Family(
+        "pow3",
+        _pow3,
+        ((0.2, 1.0, 0.5), (1.0, 2.0, 1.5), (0.0, 0.5, 0.2)),
+        (-_INF, -_INF, 1e-3),
+        (_INF, _INF, 5.0),
+    ),
+    _Family(
+        "exp3",
+        _exp3,
+        ((0.1, 3.0, 3.0), (0.5, 2.0, 1.0), (0.0, 10.0, 10.0)),
+        (-_INF, -_INF, 1e-3),
+        (_INF, _INF, 100.0),
+    ),
+    _Family(
+        "log-power",
+        _logpower,
+        ((0.2, 1.5, math.log(0.2), 1.0), (1.0, 2.0, math.log(0.5), 2.0)),
+        (-_INF, -_INF, math.log(1e-4), 0.1),
+        (_INF, _INF, math.log(1e3), 10.0),
+    ),
+    _Family(
+        "weibull",
+        _weibull,
+        ((0.1, 2.0, 3.0, 1.0), (0.5, 2.0, 1.0, 0.5)),
+        (-_INF, -_INF, 1e-3, 0.1),
+        (_INF, _INF, 100.0, 5.0),
+    ),
+    _Family(
+        "inv-quad",
+        _invquad,
+        ((0.1, -2.0, 5.0, 5.0), (0.5, -1.0, 1.0, 1.0)),
+        (-_INF, -_INF, 0.0, 0.0),
+        (_INF, _INF, 1e4, 1e4),
+    ),
 )
 
 
 def _clean(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
-    pts = sorted((float(s), float(v)) for s, v in curve
-                 if math.isfinite(float(s)) and math.isfinite(float(v)))
+    pts = sorted(
+        (float(s), float(v))
+        for s, v in curve
+        if math.isfinite(float(s)) and math.isfinite(float(v))
+    )
     # One value per step (the last reported wins).
     by_step = dict(pts)
     xs = np.array(sorted(by_step))
@@ -169,8 +196,9 @@ def extrapolate(curve: Curve, at_step: float) -> CurvePrediction:
     resid = float(w @ np.array(sigmas) ** 2) * horizon
     short = (max(0.0, (8 - n) / 8) * 0.25) ** 2 * horizon  # few points: rough by construction
     sd = math.sqrt(between + resid + short)
-    return CurvePrediction(last + mean * scale, last + (mean - 2 * sd) * scale,
-                           last + (mean + 2 * sd) * scale)
+    return CurvePrediction(
+        last + mean * scale, last + (mean - 2 * sd) * scale, last + (mean + 2 * sd) * scale
+    )
 
 
 def _fit(fam: _Family, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float] | None:
@@ -191,8 +219,13 @@ def _fit(fam: _Family, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]
             # Overflowing trial points inside the optimiser are rejected by it; not our error.
             warnings.simplefilter("ignore", RuntimeWarning)
             try:
-                res = least_squares(lambda p: fam.model(p, x) - y, p0, bounds=(lo, hi),
-                                    method="trf", max_nfev=100 * len(p0))
+                res = least_squares(
+                    lambda p: fam.model(p, x) - y,
+                    p0,
+                    bounds=(lo, hi),
+                    method="trf",
+                    max_nfev=100 * len(p0),
+                )
             except (ValueError, FloatingPointError):
                 continue
         if not np.all(np.isfinite(res.fun)):

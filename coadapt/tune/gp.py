@@ -130,8 +130,7 @@ class _GP:
         var = np.maximum(self.sf2 - np.sum(v * v, axis=0), 1e-12)
         return mu, var
 
-    def predict_grad(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                     np.ndarray]:
+    def predict_grad(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Mean, variance and their gradients (``m × dim``) at ``m`` points at once."""
         d = (xs[:, None, :] - self.x[None, :, :]) / self.ls  # m × n × dim
         r = np.sqrt(np.maximum(np.sum(d * d, axis=-1), 1e-300))
@@ -146,8 +145,13 @@ class _GP:
         return mu, var, dmu, dvar
 
 
-def fit_hyperparameters(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,
-                        start: np.ndarray | None = None, restarts: int = 2) -> np.ndarray:
+def fit_hyperparameters(
+    x: np.ndarray,
+    y: np.ndarray,
+    rng: np.random.Generator,
+    start: np.ndarray | None = None,
+    restarts: int = 2,
+) -> np.ndarray:
     """Maximum a-posteriori kernel hyper-parameters ``[log ℓ_1..d, log σ², log noise]``."""
     dim = x.shape[1]
     bounds = [_LOG_LS] * dim + [_LOG_SF2, _LOG_NOISE]
@@ -155,13 +159,26 @@ def fit_hyperparameters(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,
     if start is not None:
         starts.insert(0, np.clip(start, [b[0] for b in bounds], [b[1] for b in bounds]))
     for _ in range(restarts):
-        starts.append(np.array([rng.uniform(lo, hi) for lo, hi in
-                                [(math.log(0.05), math.log(2.0))] * dim
-                                + [(-1.0, 1.0), (math.log(1e-5), math.log(1e-2))]]))
+        starts.append(
+            np.array(
+                [
+                    rng.uniform(lo, hi)
+                    for lo, hi in [(math.log(0.05), math.log(2.0))] * dim
+                    + [(-1.0, 1.0), (math.log(1e-5), math.log(1e-2))]
+                ]
+            )
+        )
     best, best_f = starts[0], math.inf
     for s in starts:
-        res = minimize(_neg_lml, s, args=(x, y), jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"maxiter": 200})
+        res = minimize(
+            _neg_lml,
+            s,
+            args=(x, y),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
+            options={"maxiter": 200},
+        )
         if np.isfinite(res.fun) and res.fun < best_f:
             best, best_f = res.x, float(res.fun)
     return np.asarray(best)
@@ -183,8 +200,14 @@ def fit_isotropic(x: np.ndarray, y: np.ndarray, start: np.ndarray | None = None)
     bounds = [_LOG_LS, _LOG_SF2, _LOG_NOISE]
     starts = [np.array([math.log(0.5), 0.0, math.log(1e-3)])]
     if start is not None:
-        starts.insert(0, np.clip(np.array([start[:dim].mean(), start[dim], start[dim + 1]]),
-                                 [b[0] for b in bounds], [b[1] for b in bounds]))
+        starts.insert(
+            0,
+            np.clip(
+                np.array([start[:dim].mean(), start[dim], start[dim + 1]]),
+                [b[0] for b in bounds],
+                [b[1] for b in bounds],
+            ),
+        )
     best, best_f = starts[0], math.inf
     for s in starts:
         res = minimize(f, s, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 200})
@@ -211,8 +234,9 @@ def _log_h(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, dout
 
 
-def _log_ei_grad(gps: Sequence[_GP], xs: np.ndarray, best: float,
-                 xi: float) -> tuple[np.ndarray, np.ndarray]:
+def _log_ei_grad(
+    gps: Sequence[_GP], xs: np.ndarray, best: float, xi: float
+) -> tuple[np.ndarray, np.ndarray]:
     """log of the models' mean EI (minimisation) at ``m`` points, and its gradient."""
     vals, grads = [], []
     for gp in gps:
@@ -247,8 +271,9 @@ def log_ei(gps: Sequence[_GP], xs: np.ndarray, best: float, xi: float) -> np.nda
     return np.asarray(top + np.log(np.exp(lv - top).sum(axis=0)) - math.log(len(gps)))
 
 
-def _neg_log_ei_batch(flat: np.ndarray, gps: Sequence[_GP], best: float, xi: float,
-                      full: np.ndarray, mask: np.ndarray) -> tuple[float, np.ndarray]:
+def _neg_log_ei_batch(
+    flat: np.ndarray, gps: Sequence[_GP], best: float, xi: float, full: np.ndarray, mask: np.ndarray
+) -> tuple[float, np.ndarray]:
     """Minus the summed log EI of ``m`` independent starts (one L-BFGS-B run for all)."""
     xs = full.copy()
     xs[:, mask] = flat.reshape(len(full), -1)
@@ -282,8 +307,11 @@ def _decode_value(dist: BaseDistribution, cols: np.ndarray) -> Any:
     assert isinstance(dist, FloatDistribution | IntDistribution)
     u = float(np.clip(cols[0], 0.0, 1.0))
     lo, hi = float(dist.low), float(dist.high)
-    v = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))) if dist.log else lo + u * (
-        hi - lo)
+    v = (
+        math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+        if dist.log
+        else lo + u * (hi - lo)
+    )
     step = dist.step
     if isinstance(dist, IntDistribution):
         step = step or 1
@@ -301,9 +329,18 @@ class GPEISampler(BaseSampler):
     units (a little exploration); ``n_candidates``/``n_local`` size the acquisition search.
     """
 
-    def __init__(self, *, seed: int | None = None, n_startup_trials: int = 10,
-                 xi: float = 0.0, n_candidates: int = 2000, n_local: int = 16,
-                 iso: bool = False, n_top: int = 3, fit_restarts: int = 2) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        n_startup_trials: int = 10,
+        xi: float = 0.0,
+        n_candidates: int = 2000,
+        n_local: int = 16,
+        iso: bool = False,
+        n_top: int = 3,
+        fit_restarts: int = 2,
+    ) -> None:
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._random = RandomSampler(seed=seed)
@@ -328,54 +365,74 @@ class GPEISampler(BaseSampler):
         space = self._space.calculate(study)
         return {n: d for n, d in space.items() if not d.single()}
 
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
         return self._random.sample_independent(study, trial, param_name, param_distribution)
 
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space:
             return {}
         # Matrices of a few hundred rows: BLAS threads only add contention with the trials.
         with threadpool_limits(limits=1):
             return self._sample(study, trial, search_space)
 
-    def _sample(self, study: Study, trial: FrozenTrial,
-                search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def _sample(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         self._raise_error_if_multi_objective(study)
         trials = study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
-        complete = [t for t in trials if t.state == TrialState.COMPLETE
-                    and all(n in t.params for n in search_space)]
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        )
+        complete = [
+            t
+            for t in trials
+            if t.state == TrialState.COMPLETE and all(n in t.params for n in search_space)
+        ]
         if len(complete) < self.n_startup_trials:
             return {}
         dims, width = self._dims(search_space)
         sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
         x_obs = np.array([self._encode(dims, width, t.params) for t in complete])
         y_obs = np.array([sign * float(t.value) for t in complete])  # type: ignore[arg-type]
-        pruned = [t for t in trials if t.state == TrialState.PRUNED
-                  and all(n in t.params for n in search_space)]
+        pruned = [
+            t
+            for t in trials
+            if t.state == TrialState.PRUNED and all(n in t.params for n in search_space)
+        ]
         if pruned:
             x_obs = np.vstack([x_obs] + [self._encode(dims, width, t.params) for t in pruned])
             y_obs = np.concatenate([y_obs, np.full(len(pruned), y_obs.max())])
         x_obs, y_obs = _thin(x_obs, y_obs)
         y = (y_obs - y_obs.mean()) / (float(y_obs.std()) or 1.0)
-        self._theta = fit_hyperparameters(x_obs, y, self._rng, self._theta,
-                                          self.fit_restarts)
+        self._theta = fit_hyperparameters(x_obs, y, self._rng, self._theta, self.fit_restarts)
         thetas = [self._theta]
         if self.iso:
             self._theta_iso = fit_isotropic(x_obs, y, self._theta_iso)
             thetas.append(self._theta_iso)
         gps = [_GP.fit(x_obs, y, th) for th in thetas]
-        running = [t for t in trials if t.state == TrialState.RUNNING
-                   and t.number != trial.number and all(n in t.params for n in search_space)]
+        running = [
+            t
+            for t in trials
+            if t.state == TrialState.RUNNING
+            and t.number != trial.number
+            and all(n in t.params for n in search_space)
+        ]
         if running:  # kriging believer: pending points at their posterior mean
             x_run = np.array([self._encode(dims, width, t.params) for t in running])
-            gps = [_GP.fit(np.vstack([x_obs, x_run]), np.concatenate([y, gp.predict(x_run)[0]]),
-                           th) for gp, th in zip(gps, thetas, strict=True)]
+            gps = [
+                _GP.fit(np.vstack([x_obs, x_run]), np.concatenate([y, gp.predict(x_run)[0]]), th)
+                for gp, th in zip(gps, thetas, strict=True)
+            ]
         top = x_obs[np.argsort(y)[: self.n_top]]
         best_x = self._maximise_ei(gps, dims, width, float(y.min()), top, self.xi)
-        return {d.name: _decode_value(d.dist, best_x[d.start:d.start + d.width]) for d in dims}
+        return {d.name: _decode_value(d.dist, best_x[d.start : d.start + d.width]) for d in dims}
 
     # -- encoding --------------------------------------------------------------------------
     @staticmethod
@@ -392,7 +449,7 @@ class GPEISampler(BaseSampler):
     def _encode(dims: Sequence[_Dim], width: int, params: dict[str, Any]) -> np.ndarray:
         out = np.empty(width)
         for d in dims:
-            out[d.start:d.start + d.width] = _encode_value(d.dist, params[d.name])
+            out[d.start : d.start + d.width] = _encode_value(d.dist, params[d.name])
         return out
 
     def _random_points(self, dims: Sequence[_Dim], width: int, n: int) -> np.ndarray:
@@ -401,11 +458,18 @@ class GPEISampler(BaseSampler):
             if isinstance(d.dist, CategoricalDistribution):
                 one = np.zeros((n, d.width))
                 one[np.arange(n), self._rng.integers(d.width, size=n)] = 1.0
-                pts[:, d.start:d.start + d.width] = one
+                pts[:, d.start : d.start + d.width] = one
         return pts
 
-    def _maximise_ei(self, gps: Sequence[_GP], dims: Sequence[_Dim], width: int, best: float,
-                     top: np.ndarray, xi: float) -> np.ndarray:
+    def _maximise_ei(
+        self,
+        gps: Sequence[_GP],
+        dims: Sequence[_Dim],
+        width: int,
+        best: float,
+        top: np.ndarray,
+        xi: float,
+    ) -> np.ndarray:
         cont = np.zeros(width, dtype=bool)
         for d in dims:
             if not isinstance(d.dist, CategoricalDistribution):
@@ -415,8 +479,12 @@ class GPEISampler(BaseSampler):
         n_near = self.n_candidates // 4
         near = top[self._rng.integers(len(top), size=n_near)]
         for scale, part in zip((0.02, 0.1), np.array_split(np.arange(n_near), 2), strict=True):
-            near[np.ix_(part, cont)] = np.clip(near[np.ix_(part, cont)] + self._rng.normal(
-                scale=scale, size=(len(part), int(cont.sum()))), 0.0, 1.0)
+            near[np.ix_(part, cont)] = np.clip(
+                near[np.ix_(part, cont)]
+                + self._rng.normal(scale=scale, size=(len(part), int(cont.sum()))),
+                0.0,
+                1.0,
+            )
         cands = np.vstack([cands, near])
         scores = log_ei(gps, cands, best, xi)
         order = np.argsort(-scores)[: self.n_local]
@@ -424,10 +492,15 @@ class GPEISampler(BaseSampler):
         if not cont.any():
             return np.asarray(cands[i0])
         starts = cands[order]
-        res = minimize(_neg_log_ei_batch, starts[:, cont].ravel(),
-                       args=(gps, best, xi, starts, cont), jac=True, method="L-BFGS-B",
-                       bounds=[(0.0, 1.0)] * (len(starts) * int(cont.sum())),
-                       options={"maxiter": 200})
+        res = minimize(
+            _neg_log_ei_batch,
+            starts[:, cont].ravel(),
+            args=(gps, best, xi, starts, cont),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=[(0.0, 1.0)] * (len(starts) * int(cont.sum())),
+            options={"maxiter": 200},
+        )
         opt = starts.copy()
         opt[:, cont] = np.clip(res.x.reshape(len(starts), -1), 0.0, 1.0)
         final = log_ei(gps, np.vstack([opt, starts]), best, xi)

@@ -114,9 +114,13 @@ def decide(
     raise ValueError(f"unknown early-stopping rule {rule.rule!r}")
 
 
-def _asha(rule: EarlyStopping, direction: str, max_steps: int | None,
-          pts: list[tuple[float, float]],
-          peers: list[list[tuple[float, float]]]) -> PruneDecision:
+def _asha(
+    rule: EarlyStopping,
+    direction: str,
+    max_steps: int | None,
+    pts: list[tuple[float, float]],
+    peers: list[list[tuple[float, float]]],
+) -> PruneDecision:
     rungs = asha_rungs(rule, max_steps, pts[-1][0])
     if not rungs:
         return PruneDecision(False, "below the first rung")
@@ -125,42 +129,64 @@ def _asha(rule: EarlyStopping, direction: str, max_steps: int | None,
     assert mine is not None
     others = [v for v in (_value_at(p, rung) for p in peers) if v is not None]
     if len(others) < rule.min_peers:
-        return PruneDecision(False, f"{len(others)} peer(s) at rung {rung:g}, need "
-                                    f"{rule.min_peers}")
+        return PruneDecision(
+            False, f"{len(others)} peer(s) at rung {rung:g}, need {rule.min_peers}"
+        )
     values = sorted([*others, mine], reverse=direction == "maximize")
     keep = max(1, len(values) // rule.reduction_factor)
     cutoff = values[keep - 1]
     if _better(cutoff, mine, direction):
-        return PruneDecision(True, f"asha: {mine:.6g} at rung {rung:g} is not in the top "
-                                   f"{keep} of {len(values)} (cut-off {cutoff:.6g})")
-    return PruneDecision(False, f"asha: {mine:.6g} at rung {rung:g} is in the top {keep} of "
-                                f"{len(values)}")
+        return PruneDecision(
+            True,
+            f"asha: {mine:.6g} at rung {rung:g} is not in the top "
+            f"{keep} of {len(values)} (cut-off {cutoff:.6g})",
+        )
+    return PruneDecision(
+        False, f"asha: {mine:.6g} at rung {rung:g} is in the top {keep} of {len(values)}"
+    )
 
 
-def _median(rule: EarlyStopping, direction: str, pts: list[tuple[float, float]],
-            peers: list[list[tuple[float, float]]]) -> PruneDecision:
+def _median(
+    rule: EarlyStopping,
+    direction: str,
+    pts: list[tuple[float, float]],
+    peers: list[list[tuple[float, float]]],
+) -> PruneDecision:
     step = pts[-1][0]
     if step < rule.grace_steps:
         return PruneDecision(False, f"within grace_steps {rule.grace_steps}")
     mine = _best_upto(pts, step, direction)
     assert mine is not None
     others = [
-        v for v in (_best_upto(p, step, direction) for p in peers if p[-1][0] >= step)
+        v
+        for v in (_best_upto(p, step, direction) for p in peers if p[-1][0] >= step)
         if v is not None
     ]
     if len(others) < rule.min_peers:
-        return PruneDecision(False, f"{len(others)} peer(s) reached step {step:g}, need "
-                                    f"{rule.min_peers}")
+        return PruneDecision(
+            False, f"{len(others)} peer(s) reached step {step:g}, need {rule.min_peers}"
+        )
     median = statistics.median(others)
     if _better(median, mine, direction):
-        return PruneDecision(True, f"median: best {mine:.6g} by step {step:g} is worse than "
-                                   f"the peers' median {median:.6g} ({len(others)} peers)")
-    return PruneDecision(False, f"median: best {mine:.6g} by step {step:g} is not worse than "
-                                f"the peers' median {median:.6g}")
+        return PruneDecision(
+            True,
+            f"median: best {mine:.6g} by step {step:g} is worse than "
+            f"the peers' median {median:.6g} ({len(others)} peers)",
+        )
+    return PruneDecision(
+        False,
+        f"median: best {mine:.6g} by step {step:g} is not worse than "
+        f"the peers' median {median:.6g}",
+    )
 
 
-def _curve(rule: EarlyStopping, direction: str, max_steps: int | None,
-           pts: list[tuple[float, float]], best: float | None) -> PruneDecision:
+def _curve(
+    rule: EarlyStopping,
+    direction: str,
+    max_steps: int | None,
+    pts: list[tuple[float, float]],
+    best: float | None,
+) -> PruneDecision:
     if max_steps is None:
         return PruneDecision(False, "curve needs max_steps")
     step = pts[-1][0]
@@ -172,12 +198,13 @@ def _curve(rule: EarlyStopping, direction: str, max_steps: int | None,
     if len(pts) < rule.min_points:
         return PruneDecision(False, f"{len(pts)} point(s), need {rule.min_points}")
     if not _better(best, pts[-1][1], direction):
-        return PruneDecision(False, f"already at {pts[-1][1]:.6g}, as good as the best "
-                                    f"{best:.6g}")
+        return PruneDecision(False, f"already at {pts[-1][1]:.6g}, as good as the best {best:.6g}")
     pred = extrapolate(pts, max_steps)
     optimistic = pred.high if direction == "maximize" else pred.low
-    verdict = (f"predicted {pred.mean:.6g} [{pred.low:.6g}, {pred.high:.6g}] at step "
-               f"{max_steps} vs best {best:.6g}")
+    verdict = (
+        f"predicted {pred.mean:.6g} [{pred.low:.6g}, {pred.high:.6g}] at step "
+        f"{max_steps} vs best {best:.6g}"
+    )
     if _better(best, optimistic, direction):
         return PruneDecision(True, f"curve: {verdict}: cannot beat it")
     return PruneDecision(False, f"curve: {verdict}: may beat it")

@@ -196,8 +196,9 @@ def _suggest(trial: optuna.trial.Trial, name: str, p: ParamSpec) -> Any:
     return trial.suggest_float(name, p.low, p.high, step=p.step, log=p.log)
 
 
-def ask_params(study: optuna.Study, spec: ExperimentSpec) -> tuple[optuna.trial.Trial,
-                                                                    dict[str, Any]]:
+def ask_params(
+    study: optuna.Study, spec: ExperimentSpec
+) -> tuple[optuna.trial.Trial, dict[str, Any]]:
     """Ask for a trial and suggest the space define-by-run; return it and its active params.
 
     A conditional parameter is suggested only when its ``when`` holds for the values already

@@ -209,8 +209,9 @@ class ExperimentSpec(BaseModel):
         done: list[str] = []
         pending = list(self.space)
         while pending:
-            ready = next((n for n in pending
-                          if all(p in done for p in self.space[n].when or {})), pending[0])
+            ready = next(
+                (n for n in pending if all(p in done for p in self.space[n].when or {})), pending[0]
+            )
             done.append(ready)
             pending.remove(ready)
         return done
@@ -238,8 +239,13 @@ class ExperimentSpec(BaseModel):
             if len(points) > MAX_GRID_POINTS:
                 raise SpecError(
                     f"the grid has more than {MAX_GRID_POINTS} points",
-                    [{"field": f"space.{name}", "message": "grid too large",
-                      "accepted": f"at most {MAX_GRID_POINTS} grid points in all"}],
+                    [
+                        {
+                            "field": f"space.{name}",
+                            "message": "grid too large",
+                            "accepted": f"at most {MAX_GRID_POINTS} grid points in all",
+                        }
+                    ],
                 )
         return points
 
@@ -249,8 +255,9 @@ def _member(value: Any, values: list[Any]) -> bool:
     return any(type(value) is type(v) and value == v for v in values) or (
         not isinstance(value, bool)
         and isinstance(value, int | float)
-        and any(not isinstance(v, bool) and isinstance(v, int | float) and v == value
-                for v in values)
+        and any(
+            not isinstance(v, bool) and isinstance(v, int | float) and v == value for v in values
+        )
     )
 
 
@@ -259,8 +266,9 @@ def _err(field: str, message: str) -> dict[str, Any]:
     return {"field": field, "message": message, "accepted": ACCEPTED.get(key, "")}
 
 
-def _param_errors(name: str, p: ParamSpec, every: Mapping[str, ParamSpec],
-                  sampler: str) -> list[dict[str, Any]]:
+def _param_errors(
+    name: str, p: ParamSpec, every: Mapping[str, ParamSpec], sampler: str
+) -> list[dict[str, Any]]:
     f = f"space.{name}"
     out: list[dict[str, Any]] = []
     if not _PARAM_NAME.match(name):
@@ -299,43 +307,70 @@ def _param_errors(name: str, p: ParamSpec, every: Mapping[str, ParamSpec],
                 out.append(_err(f"{f}.step", f"step {p.step:g} is not an integer"))
         if p.grid_points is not None:
             if p.grid_points < 2:
-                out.append(_err(f"{f}.grid_points", f"grid_points must be >= 2, got "
-                                                    f"{p.grid_points}"))
+                out.append(
+                    _err(f"{f}.grid_points", f"grid_points must be >= 2, got {p.grid_points}")
+                )
             if p.step is not None:
                 out.append(_err(f"{f}.grid_points", "give step or grid_points, not both"))
-        if (sampler == "grid" and p.type == "float" and p.step is None
-                and p.grid_points is None):
-            out.append(_err(f"{f}.step", "the grid sampler needs step or grid_points for a "
-                                         "float parameter"))
+        if sampler == "grid" and p.type == "float" and p.step is None and p.grid_points is None:
+            out.append(
+                _err(
+                    f"{f}.step", "the grid sampler needs step or grid_points for a float parameter"
+                )
+            )
     for parent, values in (p.when or {}).items():
         wf = f"{f}.when.{parent}"
         acc = ACCEPTED["when"]
         if parent == name:
-            out.append({"field": wf, "message": "a parameter cannot depend on itself",
-                        "accepted": acc})
+            out.append(
+                {"field": wf, "message": "a parameter cannot depend on itself", "accepted": acc}
+            )
             continue
         if parent not in every:
-            out.append({"field": wf, "message": f"unknown parameter {parent!r} (conditions "
-                        "must name another parameter of space)", "accepted": acc})
+            out.append(
+                {
+                    "field": wf,
+                    "message": f"unknown parameter {parent!r} (conditions "
+                    "must name another parameter of space)",
+                    "accepted": acc,
+                }
+            )
             continue
         pp = every[parent]
         if pp.type == "float":
-            out.append({"field": wf, "message": f"{parent!r} is a float parameter; conditions "
-                        "need a categorical or int parent", "accepted": acc})
+            out.append(
+                {
+                    "field": wf,
+                    "message": f"{parent!r} is a float parameter; conditions "
+                    "need a categorical or int parent",
+                    "accepted": acc,
+                }
+            )
             continue
         if not values:
             out.append({"field": wf, "message": "empty list of values", "accepted": acc})
         for v in values:
             if pp.type == "categorical" and not _member(v, list(pp.choices or [])):
-                out.append({"field": wf, "message": f"{v!r} is not one of {parent}'s choices "
-                            f"{pp.choices}", "accepted": acc})
+                out.append(
+                    {
+                        "field": wf,
+                        "message": f"{v!r} is not one of {parent}'s choices {pp.choices}",
+                        "accepted": acc,
+                    }
+                )
             elif pp.type == "int" and (
-                isinstance(v, bool) or not isinstance(v, int | float)
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
                 or not float(v).is_integer()
                 or (pp.low is not None and pp.high is not None and not pp.low <= v <= pp.high)
             ):
-                out.append({"field": wf, "message": f"{v!r} is not an integer in {parent}'s "
-                            "range", "accepted": acc})
+                out.append(
+                    {
+                        "field": wf,
+                        "message": f"{v!r} is not an integer in {parent}'s range",
+                        "accepted": acc,
+                    }
+                )
     return out
 
 
@@ -345,7 +380,7 @@ def _find_cycle(space: Mapping[str, ParamSpec]) -> list[str] | None:
 
     def visit(name: str, path: list[str]) -> list[str] | None:
         if name in path:
-            return [*path[path.index(name):], name]
+            return [*path[path.index(name) :], name]
         if name in done:
             return None
         for parent in space[name].when or {}:
@@ -373,23 +408,38 @@ def _semantic_errors(exp: ExperimentSpec) -> list[dict[str, Any]]:
         out.extend(_param_errors(name, p, exp.space, exp.sampler))
     cycle = _find_cycle(exp.space)
     if cycle:
-        out.append({"field": f"space.{cycle[0]}.when.{cycle[1]}",
-                    "message": "conditions form a cycle: " + " -> ".join(cycle),
-                    "accepted": ACCEPTED["when"]})
+        out.append(
+            {
+                "field": f"space.{cycle[0]}.when.{cycle[1]}",
+                "message": "conditions form a cycle: " + " -> ".join(cycle),
+                "accepted": ACCEPTED["when"],
+            }
+        )
     env_names: dict[str, str] = {}
     for name in exp.space:
         env = param_env_name(name)
         if env in env_names:
-            out.append(_err(f"space.{name}", f"{name!r} and {env_names[env]!r} map to the same "
-                                             f"variable {env}") | {"accepted": ACCEPTED["space"]})
+            out.append(
+                _err(
+                    f"space.{name}",
+                    f"{name!r} and {env_names[env]!r} map to the same variable {env}",
+                )
+                | {"accepted": ACCEPTED["space"]}
+            )
         env_names[env] = name
     if exp.max_trials is None and exp.max_time_s is None and exp.target is None:
-        out.append(_err("max_trials", "no budget: give at least one of max_trials, max_time_s "
-                                      "or target"))
+        out.append(
+            _err("max_trials", "no budget: give at least one of max_trials, max_time_s or target")
+        )
     rule = exp.early_stopping.rule
     if rule in ("asha", "curve") and exp.max_steps is None:
-        out.append(_err("max_steps", f"early_stopping rule {rule!r} needs max_steps (a trial's "
-                                     "budget in reported steps)"))
+        out.append(
+            _err(
+                "max_steps",
+                f"early_stopping rule {rule!r} needs max_steps (a trial's "
+                "budget in reported steps)",
+            )
+        )
     if exp.sampler == "grid" and not out:
         try:
             exp.grid()
@@ -441,8 +491,9 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def trial_job_spec(exp: ExperimentSpec, params: Mapping[str, Any],
-                   trial_number: int) -> dict[str, Any]:
+def trial_job_spec(
+    exp: ExperimentSpec, params: Mapping[str, Any], trial_number: int
+) -> dict[str, Any]:
     """The job spec (a mapping for :func:`~coadapt.controller.spec.parse_spec`) of one trial.
 
     The template is copied; its name becomes ``<experiment>-t<number>``; with ``params_as``
@@ -521,8 +572,13 @@ def parse_experiment(data: Any) -> ExperimentSpec:
     if not isinstance(data, Mapping):
         raise SpecError(
             "an experiment spec must be a mapping of fields",
-            [{"field": "spec", "message": f"got {type(data).__name__}",
-              "accepted": "fields: " + ", ".join(ExperimentSpec.model_fields)}],
+            [
+                {
+                    "field": "spec",
+                    "message": f"got {type(data).__name__}",
+                    "accepted": "fields: " + ", ".join(ExperimentSpec.model_fields),
+                }
+            ],
         )
     try:
         return ExperimentSpec.model_validate(dict(data))

@@ -34,16 +34,19 @@ def main() -> None:
     x, y = load_breast_cancer(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
     scaler = StandardScaler().fit(xtr)
+
     def t(a: object) -> torch.Tensor:
         return torch.tensor(a, dtype=torch.float32)
+
     train = TensorDataset(t(scaler.transform(xtr)), torch.tensor(ytr))
     xte_t, yte_t = t(scaler.transform(xte)), torch.tensor(yte)
     sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        train, world, rank, seed=args.seed, drop_last=True)
-    loader = DataLoader(train, batch_size=args.batch_size // world, sampler=sampler,
-                        drop_last=True)
-    net = nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
-                        nn.Linear(32, 2))
+        train, world, rank, seed=args.seed, drop_last=True
+    )
+    loader = DataLoader(train, batch_size=args.batch_size // world, sampler=sampler, drop_last=True)
+    net = nn.Sequential(
+        nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2)
+    )
     model = DistributedDataParallel(net) if world > 1 else net
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs)

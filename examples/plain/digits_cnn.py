@@ -49,14 +49,16 @@ def main() -> None:
         dist.init_process_group("gloo")
     x, y = load_digits(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split(x / 16.0, y, test_size=0.2, random_state=0)
+
     def t(a: object) -> torch.Tensor:
         return torch.tensor(a, dtype=torch.float32).reshape(-1, 1, 8, 8)
+
     train = TensorDataset(t(xtr), torch.tensor(ytr))
     xte_t, yte_t = t(xte), torch.tensor(yte)
     sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
-        train, world, rank, seed=args.seed, drop_last=True)
-    loader = DataLoader(train, batch_size=args.batch_size // world, sampler=sampler,
-                        drop_last=True)
+        train, world, rank, seed=args.seed, drop_last=True
+    )
+    loader = DataLoader(train, batch_size=args.batch_size // world, sampler=sampler, drop_last=True)
     net = CNN()
     model = DistributedDataParallel(net) if world > 1 else net
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
@@ -94,8 +96,14 @@ def main() -> None:
             break
     if args.timing_file and rank == 0:
         with open(args.timing_file, "w") as fh:
-            json.dump({"step_times": step_times, "step_cpu_times": cpu_times,
-                       "elapsed": time.perf_counter() - start}, fh)
+            json.dump(
+                {
+                    "step_times": step_times,
+                    "step_cpu_times": cpu_times,
+                    "elapsed": time.perf_counter() - start,
+                },
+                fh,
+            )
     if world > 1:
         dist.destroy_process_group()
 

@@ -35,16 +35,24 @@ def api(sqlite_store: Store, tmp_path: Path, clock: FakeClock) -> Iterator[Api]:
 
 
 def post(api: Api, job: str, record: dict[str, Any]) -> None:
-    resp = api.client.post(f"/api/v1/jobs/{job}/metrics",
-                           params={"token": api.store.job_token(job)}, json=record)
+    resp = api.client.post(
+        f"/api/v1/jobs/{job}/metrics", params={"token": api.store.job_token(job)}, json=record
+    )
     assert resp.status_code == 204, resp.text
 
 
 def run(api: Api, job: str, slots: list[int], now: float, node: str = "local") -> None:
     """Mark ``job`` running on ``slots`` (as the reconciler would) with an alloc event."""
-    api.store.update_job(job, now, state=JobState.RUNNING, replicas=len(slots), attempt=1,
-                         started_at=now, event=("alloc", f"{len(slots)} slot(s)"),
-                         event_data={"replicas": len(slots), "slots": slots})
+    api.store.update_job(
+        job,
+        now,
+        state=JobState.RUNNING,
+        replicas=len(slots),
+        attempt=1,
+        started_at=now,
+        event=("alloc", f"{len(slots)} slot(s)"),
+        event_data={"replicas": len(slots), "slots": slots},
+    )
     for rank, slot in enumerate(slots):
         api.store.add_replica(job, 1, rank, slot, "/tmp/r", "/tmp/l", now)
 
@@ -54,8 +62,11 @@ def test_static_app_is_served_without_a_token(api: Api) -> None:
     assert index.status_code == 200 and index.headers["content-type"].startswith("text/html")
     assert "connect-src 'self'" in index.headers["content-security-policy"]
     assert '<script src="/ui/app.js"' in index.text
-    for path, kind in (("/ui/app.js", "javascript"), ("/ui/style.css", "text/css"),
-                       ("/ui/favicon.svg", "image/svg")):
+    for path, kind in (
+        ("/ui/app.js", "javascript"),
+        ("/ui/style.css", "text/css"),
+        ("/ui/favicon.svg", "image/svg"),
+    ):
         resp = api.client.get(path)
         assert resp.status_code == 200 and kind in resp.headers["content-type"], path
     assert api.client.get("/ui/nope.js").status_code == 404
@@ -64,8 +75,13 @@ def test_static_app_is_served_without_a_token(api: Api) -> None:
 
 def test_ui_endpoints_need_a_token(api: Api) -> None:
     job = submit(api, "alice")
-    for path in ("/api/v1/ui/features", "/api/v1/ui/cluster", "/api/v1/ui/jobs",
-                 f"/api/v1/ui/jobs/{job}", "/api/v1/ui/simulations"):
+    for path in (
+        "/api/v1/ui/features",
+        "/api/v1/ui/cluster",
+        "/api/v1/ui/jobs",
+        f"/api/v1/ui/jobs/{job}",
+        "/api/v1/ui/simulations",
+    ):
         assert api.call("GET", path, None).status_code == 401, path
         assert api.call("GET", path, "alice").status_code == 200, path
 
@@ -88,8 +104,7 @@ def test_a_tenant_sees_only_its_jobs_and_others_anonymised(api: Api, clock: Fake
     assert by_slot[0]["job_id"] == a and by_slot[0]["name"] == "alice-job"
     assert by_slot[0]["tenant"] == "alice" and not by_slot[0]["other"]
     for slot in (1, 2):
-        assert by_slot[slot] == {"node": "local", "slot": slot, "status": "starting",
-                                 "other": True}
+        assert by_slot[slot] == {"node": "local", "slot": slot, "status": "starting", "other": True}
     text = json.dumps(view)
     assert b not in text and "bob" not in text
     series = {s["name"]: s for s in view["utilisation"]["jobs"]}
@@ -108,14 +123,44 @@ def test_timelines_step_times_and_model(api: Api, clock: FakeClock) -> None:
     run(api, job, [0], clock())
     for i in range(1, 5):  # a progress and a goodput record every 10 steps, 2 s apart
         clock.advance(2.0)
-        post(api, job, {"kind": "progress", "step": 10 * i, "epoch": 0, "batch_size": 32,
-                        "local_bsz": 32, "accum_steps": 0, "replicas": 1, "lr_scale": 1.0,
-                        "pgns": 50.0 + i, "loss": 1.0 / i})
-        post(api, job, {"kind": "goodput", "step": 10 * i, "pgns": 50.0 + i,
-                        "perf": PERF, "grad": {"sqr": 1.0, "var": 2.0},
-                        "profile": [{"nodes": 1, "replicas": 1, "local_bsz": 32,
-                                     "accum_steps": 0, "iter_time": 0.2, "count": 5}],
-                        "current_goodput": 100.0 * i})
+        post(
+            api,
+            job,
+            {
+                "kind": "progress",
+                "step": 10 * i,
+                "epoch": 0,
+                "batch_size": 32,
+                "local_bsz": 32,
+                "accum_steps": 0,
+                "replicas": 1,
+                "lr_scale": 1.0,
+                "pgns": 50.0 + i,
+                "loss": 1.0 / i,
+            },
+        )
+        post(
+            api,
+            job,
+            {
+                "kind": "goodput",
+                "step": 10 * i,
+                "pgns": 50.0 + i,
+                "perf": PERF,
+                "grad": {"sqr": 1.0, "var": 2.0},
+                "profile": [
+                    {
+                        "nodes": 1,
+                        "replicas": 1,
+                        "local_bsz": 32,
+                        "accum_steps": 0,
+                        "iter_time": 0.2,
+                        "count": 5,
+                    }
+                ],
+                "current_goodput": 100.0 * i,
+            },
+        )
     post(api, job, {"kind": "metric", "name": "accuracy", "value": 0.5, "step": 40})
 
     # the public metrics list is unchanged: only what the job reported as a metric
@@ -152,8 +197,7 @@ def test_timelines_step_times_and_model(api: Api, clock: FakeClock) -> None:
 def test_a_restart_gap_is_not_a_step_time(api: Api, clock: FakeClock) -> None:
     job = submit(api, "alice")
     run(api, job, [0], clock())
-    rec = {"kind": "progress", "batch_size": 32, "local_bsz": 32, "accum_steps": 0,
-           "replicas": 1}
+    rec = {"kind": "progress", "batch_size": 32, "local_bsz": 32, "accum_steps": 0, "replicas": 1}
     clock.advance(1)
     post(api, job, {**rec, "step": 5})
     clock.advance(1)
@@ -171,17 +215,17 @@ def test_features_and_simulation_folder(
 ) -> None:
     f = api.call("GET", "/api/v1/ui/features").json()
     served = "/api/v1/experiments" in api.call("GET", "/openapi.json").json()["paths"]
-    assert f == {"experiments": served, "simulations_dir": False, "tenant": "alice",
-                 "admin": False}
-    assert api.call("GET", "/api/v1/ui/simulations").json() == {"configured": False,
-                                                                "files": []}
+    assert f == {"experiments": served, "simulations_dir": False, "tenant": "alice", "admin": False}
+    assert api.call("GET", "/api/v1/ui/simulations").json() == {"configured": False, "files": []}
     sims = tmp_path / "sims"
     sims.mkdir()
     (sims / "a.json").write_text(json.dumps([{"policy": "pollux"}]))
     (sims / "notes.txt").write_text("x")
     monkeypatch.setenv("COADAPT_DASHBOARD_SIM_DIR", str(sims))
-    assert api.call("GET", "/api/v1/ui/simulations").json() == {"configured": True,
-                                                                "files": ["a.json"]}
+    assert api.call("GET", "/api/v1/ui/simulations").json() == {
+        "configured": True,
+        "files": ["a.json"],
+    }
     assert api.call("GET", "/api/v1/ui/simulations/a.json").json() == [{"policy": "pollux"}]
     for bad in ("notes.txt", "..%2Fsecret.json", "missing.json"):
         assert api.call("GET", f"/api/v1/ui/simulations/{bad}").status_code == 404, bad
@@ -195,11 +239,22 @@ def test_utilisation_is_a_step_function_per_job() -> None:
         Rep("b", "n2", 0, 0, 1, "live", 15.0, None),
     ]
     u = utilisation(reps, {"a"}, 0.0, 30.0)
-    assert u["total"] == [[0.0, 0.0], [10.0, 2.0], [15.0, 3.0], [20.0, 1.0], [25.0, 2.0],
-                          [30.0, 2.0]]
+    assert u["total"] == [
+        [0.0, 0.0],
+        [10.0, 2.0],
+        [15.0, 3.0],
+        [20.0, 1.0],
+        [25.0, 2.0],
+        [30.0, 2.0],
+    ]
     [a, other] = u["jobs"]
-    assert a["job_id"] == "a" and a["points"] == [[0.0, 0.0], [10.0, 2.0], [20.0, 0.0],
-                                                  [25.0, 1.0], [30.0, 1.0]]
+    assert a["job_id"] == "a" and a["points"] == [
+        [0.0, 0.0],
+        [10.0, 2.0],
+        [20.0, 0.0],
+        [25.0, 1.0],
+        [30.0, 1.0],
+    ]
     assert other["other"] and other["points"] == [[0.0, 0.0], [15.0, 1.0], [30.0, 1.0]]
 
 

@@ -74,13 +74,15 @@ class Cluster:
 
     def api(self, who: str) -> httpx.Client:
         return httpx.Client(
-            base_url=self.ctl.url, headers={"Authorization": f"Bearer {self.tokens[who]}"},
+            base_url=self.ctl.url,
+            headers={"Authorization": f"Bearer {self.tokens[who]}"},
             timeout=30,
         )
 
     def submit(self, who: str, name: str, steps: int, step_time: float = 0.05) -> str:
-        spec = make_spec(name=name, args=["--steps", str(steps), "--step-time", str(step_time)],
-                         max_replicas=2)
+        spec = make_spec(
+            name=name, args=["--steps", str(steps), "--step-time", str(step_time)], max_replicas=2
+        )
         with self.api(who) as c:
             resp = c.post("/api/v1/jobs", json=spec)
         assert resp.status_code == 201, resp.text
@@ -188,9 +190,11 @@ def test_every_page_loads_without_console_errors(tab: Any, cluster: Cluster) -> 
     page.wait_for_selector("#events-table td:text-is('alloc')")
     t.shot("job-detail")
     t.go("#/experiments")
-    features = page.evaluate("fetch('/api/v1/ui/features', {headers: {Authorization: "
-                             "'Bearer ' + localStorage.getItem('coadapt.token')}})"
-                             ".then(r => r.json())")
+    features = page.evaluate(
+        "fetch('/api/v1/ui/features', {headers: {Authorization: "
+        "'Bearer ' + localStorage.getItem('coadapt.token')}})"
+        ".then(r => r.json())"
+    )
     if features["experiments"]:
         page.wait_for_selector("#experiments-table, .panel .empty")
     else:
@@ -260,9 +264,24 @@ def sim_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     coadapt = shutil.which("coadapt", path=str(Path(sys.executable).parent))
     cmd = [coadapt] if coadapt else [sys.executable, "-m", "coadapt.cli"]
     res = subprocess.run(
-        [*cmd, "simulate", "--workload", str(d / "tiny.csv"), "--cluster", "2x2",
-         "--policy", "pollux", "--policy", "fifo", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            *cmd,
+            "simulate",
+            "--workload",
+            str(d / "tiny.csv"),
+            "--cluster",
+            "2x2",
+            "--policy",
+            "pollux",
+            "--policy",
+            "fifo",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert res.returncode == 0, res.stderr
@@ -290,15 +309,23 @@ def test_tuning_experiment_pages(tab: Any, cluster: Cluster) -> None:
     with cluster.api("alice") as c:
         if "/api/v1/experiments" not in c.get("/openapi.json").json()["paths"]:
             pytest.skip("this controller serves no /api/v1/experiments (coadapt.tune absent)")
-        trial = make_spec(name="trial", args=["--steps", "20", "--step-time", "0.05"],
-                          max_replicas=1)
+        trial = make_spec(
+            name="trial", args=["--steps", "20", "--step-time", "0.05"], max_replicas=1
+        )
         trial.pop("name")
-        resp = c.post("/api/v1/experiments", json={
-            "name": "dash-exp", "sampler": "random", "seed": 1, "max_trials": 1,
-            "space": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
-            "objective": {"metric": "accuracy", "direction": "maximize"},
-            "params_as": "env", "trial": trial,
-        })
+        resp = c.post(
+            "/api/v1/experiments",
+            json={
+                "name": "dash-exp",
+                "sampler": "random",
+                "seed": 1,
+                "max_trials": 1,
+                "space": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
+                "objective": {"metric": "accuracy", "direction": "maximize"},
+                "params_as": "env",
+                "trial": trial,
+            },
+        )
         assert resp.status_code == 201, resp.text
         exp = resp.json()["experiment"]["id"]
     assert TINY_JOB.name in str(trial["script"])

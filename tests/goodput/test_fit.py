@@ -68,12 +68,18 @@ def test_without_multi_node_data_cross_node_is_at_least_local() -> None:
     ("kwargs", "message"),
     [
         ({"num_nodes": [], "num_replicas": [], "local_bsz": [], "iter_time": []}, "no observ"),
-        ({"num_nodes": [1], "num_replicas": [1], "local_bsz": [8], "iter_time": [0.0]},
-         "iter_time"),
-        ({"num_nodes": [2], "num_replicas": [1], "local_bsz": [8], "iter_time": [1.0]},
-         "num_nodes"),
-        ({"num_nodes": [1, 1], "num_replicas": [1], "local_bsz": [8], "iter_time": [1.0]},
-         "length"),
+        (
+            {"num_nodes": [1], "num_replicas": [1], "local_bsz": [8], "iter_time": [0.0]},
+            "iter_time",
+        ),
+        (
+            {"num_nodes": [2], "num_replicas": [1], "local_bsz": [8], "iter_time": [1.0]},
+            "num_nodes",
+        ),
+        (
+            {"num_nodes": [1, 1], "num_replicas": [1], "local_bsz": [8], "iter_time": [1.0]},
+            "length",
+        ),
     ],
 )
 def test_bad_observations_are_rejected(kwargs: dict[str, list[float]], message: str) -> None:

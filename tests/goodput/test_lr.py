@@ -18,8 +18,13 @@ def test_adascale_gain_hand_computed() -> None:
 
 @pytest.mark.parametrize(
     ("rule", "expected"),
-    [(LRRule.SQRT, 2.0), ("sqrt", 2.0), (LRRule.LINEAR, 4.0), ("none", 1.0),
-     (LRRule.ADASCALE, 2.5)],
+    [
+        (LRRule.SQRT, 2.0),
+        ("sqrt", 2.0),
+        (LRRule.LINEAR, 4.0),
+        ("none", 1.0),
+        (LRRule.ADASCALE, 2.5),
+    ],
 )
 def test_lr_factor_rules(rule: LRRule | str, expected: float) -> None:
     assert lr_factor(rule, 32, 128, GradParams(1.0, 4.0)) == pytest.approx(expected)

@@ -21,8 +21,13 @@ from coadapt.goodput import (
 )
 
 PERF = PerfParams(
-    alpha_grad=0.1, beta_grad=0.01, alpha_local=0.05, beta_local=0.02,
-    alpha_node=0.3, beta_node=0.05, gamma=1.0,
+    alpha_grad=0.1,
+    beta_grad=0.01,
+    alpha_local=0.05,
+    beta_local=0.02,
+    alpha_node=0.3,
+    beta_node=0.05,
+    gamma=1.0,
 )
 
 
@@ -86,8 +91,9 @@ def test_goodput_eq5_is_throughput_times_efficiency() -> None:
 def _brute_force_best(model: GoodputModel, nodes: int, replicas: int, lim: BatchLimits) -> float:
     best = 0.0
     upper = lim.upper_local_bsz
-    for batch in range(max(lim.init_batch_size, replicas * lim.min_local_bsz),
-                       lim.max_batch_size + 1):
+    for batch in range(
+        max(lim.init_batch_size, replicas * lim.min_local_bsz), lim.max_batch_size + 1
+    ):
         local = batch / replicas
         s = max(math.ceil(local / upper - 1e-8) - 1, 0)
         if replicas == 1 and local > lim.init_batch_size:
@@ -139,8 +145,9 @@ def test_optimize_is_vectorised_like_scalar_calls() -> None:
     lim = BatchLimits(32, 2048, 4, 64)
     nodes, reps = np.array([1, 1, 2, 4]), np.array([1, 4, 8, 16])
     vec = model.optimize(nodes, reps, lim).goodput
-    one = [float(model.optimize(int(n), int(r), lim).goodput)
-           for n, r in zip(nodes, reps, strict=True)]
+    one = [
+        float(model.optimize(int(n), int(r), lim).goodput) for n, r in zip(nodes, reps, strict=True)
+    ]
     np.testing.assert_allclose(vec, one)
 
 

@@ -12,10 +12,12 @@ from coadapt.policies.fifo import FifoPolicy
 RNG = np.random.default_rng(0)
 
 
-def _snap(jobs: list[tuple[str, float, int]],
-          current: Mapping[str, tuple[int, ...]] | None = None) -> ClusterSnapshot:
+def _snap(
+    jobs: list[tuple[str, float, int]], current: Mapping[str, tuple[int, ...]] | None = None
+) -> ClusterSnapshot:
     return ClusterSnapshot(
-        now=100.0, nodes=(NodeInfo("n0", 4), NodeInfo("n1", 4)),
+        now=100.0,
+        nodes=(NodeInfo("n0", 4), NodeInfo("n1", 4)),
         jobs={n: JobInfo(name=n, submit_time=t, requested_replicas=r) for n, t, r in jobs},
         current=current or {},
     )

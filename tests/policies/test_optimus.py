@@ -13,14 +13,24 @@ RNG = np.random.default_rng(0)
 
 
 def _job(name: str, work: float, remaining: float, max_replicas: int = 64) -> JobInfo:
-    return JobInfo(name=name, submit_time=0.0, max_replicas=max_replicas,
-                   step_time=lambda k: work / k + 0.01 * k, remaining_iterations=remaining)
+    return JobInfo(
+        name=name,
+        submit_time=0.0,
+        max_replicas=max_replicas,
+        step_time=lambda k: work / k + 0.01 * k,
+        remaining_iterations=remaining,
+    )
 
 
-def _snap(jobs: list[JobInfo], current: Mapping[str, tuple[int, ...]] | None = None,
-          nodes: int = 2) -> ClusterSnapshot:
-    return ClusterSnapshot(now=60.0, nodes=tuple(NodeInfo(f"n{i}", 4) for i in range(nodes)),
-                           jobs={j.name: j for j in jobs}, current=current or {})
+def _snap(
+    jobs: list[JobInfo], current: Mapping[str, tuple[int, ...]] | None = None, nodes: int = 2
+) -> ClusterSnapshot:
+    return ClusterSnapshot(
+        now=60.0,
+        nodes=tuple(NodeInfo(f"n{i}", 4) for i in range(nodes)),
+        jobs={j.name: j for j in jobs},
+        current=current or {},
+    )
 
 
 def test_declares_fixed_batch_mode() -> None:
@@ -30,7 +40,8 @@ def test_declares_fixed_batch_mode() -> None:
 
 def test_gpus_go_to_largest_remaining_time_reduction() -> None:
     allocs = OptimusPolicy().optimize(
-        _snap([_job("long", 1.0, 10_000), _job("short", 1.0, 10)]), RNG)
+        _snap([_job("long", 1.0, 10_000), _job("short", 1.0, 10)]), RNG
+    )
     assert sum(allocs["short"]) == 1
     assert sum(allocs["long"]) == 7
 

@@ -83,8 +83,9 @@ def test_policies_over_several_rounds_stay_valid() -> None:
         policy = _make(name)
         rng = np.random.default_rng(7)
         for round_ in range(4):
-            snap = random_snapshot(seed=round_, num_nodes=4, num_jobs=6 + 2 * round_,
-                                   now=10_000.0 + 60 * round_)
+            snap = random_snapshot(
+                seed=round_, num_nodes=4, num_jobs=6 + 2 * round_, now=10_000.0 + 60 * round_
+            )
             allocs = policy.optimize(snap, rng)
             check_invariants(policy, snap, allocs)
 

@@ -10,13 +10,20 @@ from coadapt.policies.tiresias import TiresiasPolicy
 RNG = np.random.default_rng(0)
 
 
-def _snap(now: float, jobs: dict[str, int], current: dict[str, tuple[int, ...]] | None = None,
-          nodes: int = 2, gpus: int = 4) -> ClusterSnapshot:
+def _snap(
+    now: float,
+    jobs: dict[str, int],
+    current: dict[str, tuple[int, ...]] | None = None,
+    nodes: int = 2,
+    gpus: int = 4,
+) -> ClusterSnapshot:
     return ClusterSnapshot(
         now=now,
         nodes=tuple(NodeInfo(f"n{i}", gpus) for i in range(nodes)),
-        jobs={k: JobInfo(name=k, submit_time=0.0, requested_replicas=r, max_replicas=r)
-              for k, r in jobs.items()},
+        jobs={
+            k: JobInfo(name=k, submit_time=0.0, requested_replicas=r, max_replicas=r)
+            for k, r in jobs.items()
+        },
         current=current or {},
     )
 

@@ -14,21 +14,51 @@ def test_simulate_writes_json_and_plot(
     small_workload_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, png = tmp_path / "out.json", tmp_path / "out.png"
-    rc = main([
-        "simulate", "--workload", str(small_workload_path), "--cluster", "2x2",
-        "--policy", "tiresias", "--policy", "fifo", "--seed", "3", "--json", str(out),
-        "--plot", str(png),
-    ])
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            str(small_workload_path),
+            "--cluster",
+            "2x2",
+            "--policy",
+            "tiresias",
+            "--policy",
+            "fifo",
+            "--seed",
+            "3",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert [d["policy"] for d in data] == ["tiresias", "fifo"]
     for d in data:
-        for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "restarts",
-                    "gpu_hours", "sim_wall_s", "utilisation", "jobs"):
+        for key in (
+            "avg_jct_s",
+            "p50_jct_s",
+            "p99_jct_s",
+            "makespan_s",
+            "restarts",
+            "gpu_hours",
+            "sim_wall_s",
+            "utilisation",
+            "jobs",
+        ):
             assert key in d
         assert len(d["jobs"]) == 5
-        assert {"name", "application", "submit_s", "jct_s", "queue_s", "restarts",
-                "gpu_hours"} <= set(d["jobs"][0])
+        assert {
+            "name",
+            "application",
+            "submit_s",
+            "jct_s",
+            "queue_s",
+            "restarts",
+            "gpu_hours",
+        } <= set(d["jobs"][0])
     assert png.stat().st_size > 0
     assert "tiresias" in capsys.readouterr().out
 
@@ -41,7 +71,9 @@ def test_simulate_writes_json_and_plot(
     ],
 )
 def test_bad_input_is_one_line_exit_2(
-    small_workload_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+    small_workload_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
     needles: list[str],
 ) -> None:
     rc = main(["simulate", "--workload", str(small_workload_path), *argv])

@@ -46,8 +46,9 @@ def test_same_seed_same_result(small_workload_path: Path, policy: str) -> None:
 
 
 def test_jobs_complete_after_submission_with_consistent_metrics(small_workload_path: Path) -> None:
-    result = simulate(load_workload(str(small_workload_path)), parse_cluster("2x2"),
-                      make_policy("tiresias"))
+    result = simulate(
+        load_workload(str(small_workload_path)), parse_cluster("2x2"), make_policy("tiresias")
+    )
     summary = summarise(result, sim_wall_s=1.5)
     for job in result.jobs:
         assert job.completion_time is not None and job.first_alloc_time is not None
@@ -70,8 +71,7 @@ def test_restart_delay_costs_time(small_workload_path: Path) -> None:
 
 
 def test_first_allocation_is_not_a_restart() -> None:
-    wl = parse_workload(
-        "name,time,application,num_replicas,batch_size\nb,0,bert,1,12\n", "one.csv")
+    wl = parse_workload("name,time,application,num_replicas,batch_size\nb,0,bert,1,12\n", "one.csv")
     result = simulate(wl, parse_cluster("1x1"), make_policy("fifo"))
     (job,) = result.jobs
     assert job.restarts == 0
@@ -80,7 +80,8 @@ def test_first_allocation_is_not_a_restart() -> None:
 
 def test_fixed_job_larger_than_cluster_is_an_input_error() -> None:
     wl = parse_workload(
-        "name,time,application,num_replicas,batch_size\nbig,0,cifar10,8,1024\n", "big.csv")
+        "name,time,application,num_replicas,batch_size\nbig,0,cifar10,8,1024\n", "big.csv"
+    )
     with pytest.raises(SimInputError, match="asks for 8 GPUs"):
         Simulator(wl, parse_cluster("1x4"), make_policy("tiresias"))
 
@@ -104,8 +105,9 @@ def test_oracle_step_time_accumulates_on_one_gpu() -> None:
 def test_interference_slows_distributed_jobs_sharing_a_node() -> None:
     # Two 6-GPU jobs on 3x4 nodes: (4, 2, 0) and (0, 2, 4) share node 1.
     wl = parse_workload(
-        "name,time,application,num_replicas,batch_size\n"
-        "a,0,cifar10,6,1024\nb,0,cifar10,6,1024\n", "two.csv")
+        "name,time,application,num_replicas,batch_size\na,0,cifar10,6,1024\nb,0,cifar10,6,1024\n",
+        "two.csv",
+    )
     cluster = parse_cluster("3x4")
     calm = summarise(simulate(wl, cluster, make_policy("fifo")))
     noisy = summarise(simulate(wl, cluster, make_policy("fifo"), SimConfig(interference=0.5)))

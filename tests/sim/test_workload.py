@@ -21,7 +21,11 @@ def test_bundled_workloads_load() -> None:
     assert apps.count("cifar10") == 67 and apps.count("ncf") == 54
     first = wl.jobs[0]
     assert (first.name, first.submit_time, first.num_replicas, first.batch_size) == (
-        "cifar10-0", 53.0, 6, 2048)
+        "cifar10-0",
+        53.0,
+        6,
+        2048,
+    )
 
 
 def test_custom_file_loads(small_workload_path: Path) -> None:

@@ -31,10 +31,27 @@ class FakeContext:
 
 def launch(replicas: int, ckpt: Path, log: Path, *args: str, timeout: float = 90.0) -> int:
     """Run the tiny script under run-local; kill the process group on timeout."""
-    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", str(replicas),
-           "--checkpoint-dir", str(ckpt), str(TINY), "--log", str(log), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        str(replicas),
+        "--checkpoint-dir",
+        str(ckpt),
+        str(TINY),
+        "--log",
+        str(log),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -19,8 +19,9 @@ DATA = TensorDataset(torch.arange(100))
 def consumed(k: int, m: int, s: int, epochs: int = 1, size: int = 100) -> list[list[int]]:
     """Global sample order of `epochs` epochs, reassembled from K replicas, per step."""
     data = TensorDataset(torch.arange(size))
-    loaders = [AdaptiveDataLoader(data, batch_size=8, seed=5, context=FakeContext(r, k))
-               for r in range(k)]
+    loaders = [
+        AdaptiveDataLoader(data, batch_size=8, seed=5, context=FakeContext(r, k)) for r in range(k)
+    ]
     for ld in loaders:
         ld.set_batch(m, s)
     steps: list[list[int]] = []
@@ -41,7 +42,7 @@ def consumed(k: int, m: int, s: int, epochs: int = 1, size: int = 100) -> list[l
 def test_global_order_is_independent_of_replicas(k: int, m: int, s: int) -> None:
     base = [i for step in consumed(1, 7, 0) for i in step]
     got = [i for step in consumed(k, m, s) for i in step]
-    assert got == base[:len(got)]  # same order; only the tail that cannot be split is dropped
+    assert got == base[: len(got)]  # same order; only the tail that cannot be split is dropped
     assert len(base) - len(got) < k * (s + 1) + 7
     assert len(set(got)) == len(got)
 
@@ -63,21 +64,39 @@ def test_resume_mid_epoch_at_other_replica_count() -> None:
     ld.commit_step()  # the third step completed
     state = ld.state_dict()
     assert state["position"] == 30
-    rest0 = AdaptiveDataLoader(DATA, batch_size=10, seed=2,
-                               context=FakeContext(0, 2, {"loader": state}))
-    rest1 = AdaptiveDataLoader(DATA, batch_size=10, seed=2,
-                               context=FakeContext(1, 2, {"loader": state}))
+    rest0 = AdaptiveDataLoader(
+        DATA, batch_size=10, seed=2, context=FakeContext(0, 2, {"loader": state})
+    )
+    rest1 = AdaptiveDataLoader(
+        DATA, batch_size=10, seed=2, context=FakeContext(1, 2, {"loader": state})
+    )
     assert rest0.batch_size == 10 and rest0.local_bsz == 5
     resumed = [a[0].tolist() + b[0].tolist() for a, b in zip(rest0, rest1, strict=True)]
-    full = [b[0].tolist() for b in AdaptiveDataLoader(DATA, batch_size=10, seed=2,
-                                                      context=FakeContext())]
+    full = [
+        b[0].tolist()
+        for b in AdaptiveDataLoader(DATA, batch_size=10, seed=2, context=FakeContext())
+    ]
     assert first + resumed == full
 
 
 def test_epochs_iterator_resumes_and_advances() -> None:
-    ld = AdaptiveDataLoader(DATA, batch_size=30, context=FakeContext(
-        saved={"loader": {"epoch": 2, "position": 60, "seed": 0, "local_bsz": 30,
-                          "accum_steps": 0, "replicas": 1, "size": 100}}))
+    ld = AdaptiveDataLoader(
+        DATA,
+        batch_size=30,
+        context=FakeContext(
+            saved={
+                "loader": {
+                    "epoch": 2,
+                    "position": 60,
+                    "seed": 0,
+                    "local_bsz": 30,
+                    "accum_steps": 0,
+                    "replicas": 1,
+                    "size": 100,
+                }
+            }
+        ),
+    )
     seen = []
     for epoch in ld.epochs(4):
         seen.append((epoch, sum(1 for _ in ld)))

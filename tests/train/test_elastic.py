@@ -37,23 +37,44 @@ def test_sigterm_loses_no_progress(tmp_path: Path, uninterrupted: list[dict]) ->
     start = [r for r in records if r["event"] == "start"][1]
     assert start["restored"] and start["steps"] == 12 and start["hash"] == first[-1]["hash"]
     # Same data, same parameters, bit for bit, as if never interrupted.
-    assert [s["indices"] for s in steps(records)] == [
-        s["indices"] for s in steps(uninterrupted)]
+    assert [s["indices"] for s in steps(records)] == [s["indices"] for s in steps(uninterrupted)]
     assert records[-1]["hash"] == uninterrupted[-1]["hash"]
 
 
-def test_one_two_one_replicas_keep_state_and_data_order(tmp_path: Path,
-                                                        uninterrupted: list[dict]) -> None:
+def test_one_two_one_replicas_keep_state_and_data_order(
+    tmp_path: Path, uninterrupted: list[dict]
+) -> None:
     log, ck = tmp_path / "log", tmp_path / "ck"
     assert launch(1, ck, log, "--max-steps", "30", "--stop-at-step", "5") == 0
     # Phase 2 at two replicas, held at step 10 (so a loaded machine cannot run past the
     # reference's 30 steps before the signal lands), stopped by a SIGTERM to run-local
     # (forwarded to both): they agree through the next all-reduce and stop after step 11.
-    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", "--checkpoint-dir",
-           str(ck), str(TINY), "--log", str(log), "--max-steps", "100000",
-           "--hold-at-step", "10", "--hold-world", "2"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        "2",
+        "--checkpoint-dir",
+        str(ck),
+        str(TINY),
+        "--log",
+        str(log),
+        "--max-steps",
+        "100000",
+        "--hold-at-step",
+        "10",
+        "--hold-world",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
@@ -79,23 +100,47 @@ def test_one_two_one_replicas_keep_state_and_data_order(tmp_path: Path,
         assert records[i]["steps"] == records[i - 1]["step"]
     # The global data order continues exactly as in an uninterrupted single-replica run.
     got = [s["indices"] for s in steps(records)]
-    assert got == [s["indices"] for s in steps(uninterrupted)][:len(got)]
+    assert got == [s["indices"] for s in steps(uninterrupted)][: len(got)]
     assert steps(records)[-1]["step"] == 30
 
 
-def test_elastic_run_local_rescales_through_the_zygote(tmp_path: Path,
-                                                       uninterrupted: list[dict]) -> None:
+def test_elastic_run_local_rescales_through_the_zygote(
+    tmp_path: Path, uninterrupted: list[dict]
+) -> None:
     """1 → 2 replicas inside one ``run-local --elastic`` job: SIGUSR1 + control file."""
     log, ck = tmp_path / "log", tmp_path / "ck"
-    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "1", "--elastic",
-           "--checkpoint-dir", str(ck), str(TINY), "--log", str(log), "--max-steps", "30",
-           "--hold-at-step", "6"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        "1",
+        "--elastic",
+        "--checkpoint-dir",
+        str(ck),
+        str(TINY),
+        "--log",
+        str(log),
+        "--max-steps",
+        "30",
+        "--hold-at-step",
+        "6",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None and not (
-                log.exists() and len(steps(read_log(log))) >= 6):
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and not (log.exists() and len(steps(read_log(log))) >= 6)
+        ):
             time.sleep(0.05)
         assert proc.poll() is None, "the job ended before it could be rescaled"
         (ck / "replicas").write_text("2\n")
@@ -124,9 +169,18 @@ def test_elastic_run_local_rescales_through_the_zygote(tmp_path: Path,
 
 def test_launcher_imports_nothing_heavy() -> None:
     """The launcher must spawn in milliseconds: no torch, numpy or scipy at import."""
-    code = ("import sys, coadapt.train.launch, coadapt.train\n"
-            "heavy = [m for m in ('torch', 'numpy', 'scipy') if m in sys.modules]\n"
-            "assert not heavy, heavy\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=60, check=False)
+    code = (
+        "import sys, coadapt.train.launch, coadapt.train\n"
+        "heavy = [m for m in ('torch', 'numpy', 'scipy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr

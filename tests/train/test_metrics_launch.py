@@ -31,8 +31,9 @@ def test_unreachable_url_is_counted_not_raised() -> None:
 
 
 def test_env_parsing() -> None:
-    env = TrainEnv.from_env({"RANK": "1", "WORLD_SIZE": "2", "COADAPT_CHECKPOINT_DIR": "/x",
-                             "COADAPT_RESTARTS": "3"})
+    env = TrainEnv.from_env(
+        {"RANK": "1", "WORLD_SIZE": "2", "COADAPT_CHECKPOINT_DIR": "/x", "COADAPT_RESTARTS": "3"}
+    )
     assert (env.rank, env.world_size, env.local_rank, env.restarts) == (1, 2, 1, 3)
     assert str(env.checkpoint_dir) == "/x" and TrainEnv.from_env({}).world_size == 1
     with pytest.raises(TrainConfigError, match="RANK"):
@@ -44,13 +45,14 @@ def test_env_parsing() -> None:
 
 
 @pytest.mark.parametrize("zygote", [False, True], ids=["cold", "zygote"])
-def test_launch_streams_prefixed_output_and_worst_exit_code(tmp_path: Path,
-                                                            zygote: bool) -> None:
+def test_launch_streams_prefixed_output_and_worst_exit_code(tmp_path: Path, zygote: bool) -> None:
     script = tmp_path / "s.py"
     # Rank 1 fails late, so rank 0 has exited cleanly and is not terminated as a bystander.
-    script.write_text("import os, sys, time\nr = int(os.environ['RANK'])\n"
-                      "print('hello', r, sys.argv[1:], __name__)\n"
-                      "time.sleep(2.0 * r)\nsys.exit(r * 3)\n")
+    script.write_text(
+        "import os, sys, time\nr = int(os.environ['RANK'])\n"
+        "print('hello', r, sys.argv[1:], __name__)\n"
+        "time.sleep(2.0 * r)\nsys.exit(r * 3)\n"
+    )
     out = io.StringIO()
     assert launch(str(script), ["a", "b"], 2, out=out, zygote=zygote) == 3
     text = out.getvalue()

@@ -23,8 +23,9 @@ from coadapt.train import (
 from coadapt.train.context import TrainConfigError, TrainingContext
 
 
-def linear_problem(d: int = 10, n: int = 40000, sigma2: float = 1.0,
-                   seed: int = 0) -> tuple[TensorDataset, nn.Linear, float]:
+def linear_problem(
+    d: int = 10, n: int = 40000, sigma2: float = 1.0, seed: int = 0
+) -> tuple[TensorDataset, nn.Linear, float]:
     """y = x·w* + ε, x ~ N(0, I), ε ~ N(0, σ²); the model sits at w = w* + δ, |δ| = 1.
 
     Per-sample gradient of (x·w − y)² is 2x(x·δ − ε): |G|² = 4|δ|² and
@@ -45,8 +46,7 @@ def linear_problem(d: int = 10, n: int = 40000, sigma2: float = 1.0,
 @pytest.mark.parametrize("accum", [3, 0])
 def test_pgns_matches_closed_form(ctx: TrainingContext, accum: int) -> None:
     data, lin, phi = linear_problem()
-    loader = AdaptiveDataLoader(data, batch_size=32 * (accum + 1), max_local_bsz=32,
-                                context=ctx)
+    loader = AdaptiveDataLoader(data, batch_size=32 * (accum + 1), max_local_bsz=32, context=ctx)
     assert loader.accum_steps == accum
     opt = torch.optim.SGD(lin.parameters(), lr=0.0)  # keep w fixed: the truth is constant
     model = AdaptiveModel(lin, opt, loader, grad_smoothing=0.99, measure_every=2)
@@ -72,12 +72,12 @@ def test_estimator_is_unbiased_on_exact_expectations() -> None:
         estimate(1.0, 1.0, 8, 1)
 
 
-def _one_step(ctx: TrainingContext, rule: object, batch: int) -> tuple[float, torch.Tensor,
-                                                                     AdaptiveModel]:
+def _one_step(
+    ctx: TrainingContext, rule: object, batch: int
+) -> tuple[float, torch.Tensor, AdaptiveModel]:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 3), torch.randn(512, 1))
-    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=512, context=ctx,
-                                shuffle=False)
+    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=512, context=ctx, shuffle=False)
     loader.set_batch(batch, 0)
     lin = nn.Linear(3, 1)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
@@ -94,15 +94,19 @@ def _one_step(ctx: TrainingContext, rule: object, batch: int) -> tuple[float, to
     return model.lr_scale, applied, model
 
 
-@pytest.mark.parametrize(("rule", "expected"), [
-    (LRRule.SQRT, 2.0),  # sqrt(128 / 32)
-    (LRRule.LINEAR, 4.0),  # 128 / 32
-    (LRRule.ADASCALE, (3 + 1) / (3 / 4 + 1)),  # (var + sqr) / (var / S + sqr), S = 4
-    (LRRule.NONE, 1.0),
-    (lambda m0, m: 1.5, 1.5),
-])
-def test_lr_rules_against_hand_computed_values(ctx: TrainingContext, rule: object,
-                                               expected: float) -> None:
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (LRRule.SQRT, 2.0),  # sqrt(128 / 32)
+        (LRRule.LINEAR, 4.0),  # 128 / 32
+        (LRRule.ADASCALE, (3 + 1) / (3 / 4 + 1)),  # (var + sqr) / (var / S + sqr), S = 4
+        (LRRule.NONE, 1.0),
+        (lambda m0, m: 1.5, 1.5),
+    ],
+)
+def test_lr_rules_against_hand_computed_values(
+    ctx: TrainingContext, rule: object, expected: float
+) -> None:
     factor, applied, _ = _one_step(ctx, rule, 128)
     assert factor == pytest.approx(expected)
     assert torch.allclose(applied, torch.full_like(applied, 0.1 * expected), rtol=1e-4)
@@ -110,6 +114,7 @@ def test_lr_rules_against_hand_computed_values(ctx: TrainingContext, rule: objec
 
 def test_default_rules() -> None:
     from coadapt.train import default_lr_rule
+
     lin = nn.Linear(2, 1)
     assert default_lr_rule(torch.optim.SGD(lin.parameters(), lr=1)) is LRRule.ADASCALE
     assert default_lr_rule(torch.optim.AdamW(lin.parameters())) is LRRule.SQRT
@@ -174,8 +179,9 @@ def test_periodic_checkpoints_without_a_stop(tmp_path: Path, ctx: TrainingContex
     data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
     loader = AdaptiveDataLoader(data, batch_size=8, context=ctx)
     lin = nn.Linear(3, 1)
-    model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader,
-                          checkpoint_every=2)
+    model = AdaptiveModel(
+        lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader, checkpoint_every=2
+    )
     for i, (x, y) in enumerate(loader):
         model.step(nn.functional.mse_loss(model(x), y))
         if i == 4:  # 5 steps taken; the 4th step's checkpoint was written at the 5th forward
@@ -184,8 +190,13 @@ def test_periodic_checkpoints_without_a_stop(tmp_path: Path, ctx: TrainingContex
     saved = load_checkpoint(ctx.env.checkpoint_dir)
     assert saved is not None and saved["states"]["model"]["steps"] == 4
     with pytest.raises(TrainConfigError, match="checkpoint_every"):
-        AdaptiveModel(nn.Linear(3, 1), torch.optim.SGD(lin.parameters(), lr=0.1), loader,
-                      name="other", checkpoint_every=-1)
+        AdaptiveModel(
+            nn.Linear(3, 1),
+            torch.optim.SGD(lin.parameters(), lr=0.1),
+            loader,
+            name="other",
+            checkpoint_every=-1,
+        )
 
 
 def test_checkpoint_interval_from_the_environment() -> None:

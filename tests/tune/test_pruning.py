@@ -14,7 +14,7 @@ from coadapt.tune.spec import EarlyStopping
 
 def saturating(c: float, a: float, alpha: float, steps: range) -> list[tuple[float, float]]:
     """An accuracy-like pow3 curve c - a * step^-alpha."""
-    return [(float(s), c - a * s ** -alpha) for s in steps]
+    return [(float(s), c - a * s**-alpha) for s in steps]
 
 
 ASHA = EarlyStopping(rule="asha", grace_steps=1, reduction_factor=3, min_peers=3)
@@ -26,8 +26,11 @@ CURVE = EarlyStopping(rule="curve", theta=0.3)
 def test_asha_rungs() -> None:
     assert asha_rungs(ASHA, 30, 100) == [1, 3, 9, 27]
     assert asha_rungs(ASHA, 27, 100) == [1, 3, 9]  # the last step is the end, not a rung
-    assert asha_rungs(EarlyStopping(rule="asha", grace_steps=2, reduction_factor=2), None,
-                      10) == [2, 4, 8]
+    assert asha_rungs(EarlyStopping(rule="asha", grace_steps=2, reduction_factor=2), None, 10) == [
+        2,
+        4,
+        8,
+    ]
 
 
 def test_asha_stops_a_bad_trial_at_its_rung() -> None:
@@ -153,10 +156,11 @@ def test_rule_none_and_bad_direction() -> None:
     ("c", "a", "alpha", "n", "at"),
     [(0.9, 0.5, 0.7, 30, 1000), (0.95, 0.6, 1.2, 12, 100), (0.8, 0.8, 0.4, 40, 200)],
 )
-def test_extrapolate_recovers_a_pow3_curve(c: float, a: float, alpha: float, n: int,
-                                           at: int) -> None:
+def test_extrapolate_recovers_a_pow3_curve(
+    c: float, a: float, alpha: float, n: int, at: int
+) -> None:
     curve = saturating(c, a, alpha, range(1, n + 1))
-    truth = c - a * at ** -alpha
+    truth = c - a * at**-alpha
     pred = extrapolate(curve, at)
     assert abs(pred.mean - truth) < 0.02
     assert pred.low <= truth <= pred.high

@@ -401,7 +401,6 @@ def test_a_trial_asked_but_not_fully_suggested_is_failed_not_run(env: Env) -> No
     assert [t.number for t in env.tune.trials(exp.id)] == [1]
 
 
-
 def test_capacity_follows_nodes_joining_and_leaving(env: Env) -> None:
     """On a Ray cluster nodes come and go: the next tick grants what the cluster has now."""
     env.slots = 2

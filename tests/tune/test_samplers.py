@@ -38,24 +38,41 @@ def _quiet_optuna() -> Iterator[None]:
 
 def spec_for(sampler: str, **extra: Any) -> ExperimentSpec:
     grid = sampler == "grid"
-    return parse_experiment({
-        "name": f"small-{sampler}",
-        "space": {
-            "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True,
-                   **({"grid_points": 3} if grid else {})},
-            "hidden": {"type": "int", "low": 8, "high": 64, "log": True,
-                       **({"grid_points": 2} if grid else {})},
-            "optimizer": {"type": "categorical", "choices": ["sgd", "adam"]},
-            "momentum": {"type": "float", "low": 0.0, "high": 0.9, "when": {"optimizer": ["sgd"]},
-                         **({"step": 0.45} if grid else {})},
-        },
-        "objective": {"metric": "loss", "direction": "minimize"},
-        "sampler": sampler,
-        "seed": 7,
-        "max_trials": 20,
-        "trial": {"command": "python train.py"},
-        **extra,
-    })
+    return parse_experiment(
+        {
+            "name": f"small-{sampler}",
+            "space": {
+                "lr": {
+                    "type": "float",
+                    "low": 1e-4,
+                    "high": 1.0,
+                    "log": True,
+                    **({"grid_points": 3} if grid else {}),
+                },
+                "hidden": {
+                    "type": "int",
+                    "low": 8,
+                    "high": 64,
+                    "log": True,
+                    **({"grid_points": 2} if grid else {}),
+                },
+                "optimizer": {"type": "categorical", "choices": ["sgd", "adam"]},
+                "momentum": {
+                    "type": "float",
+                    "low": 0.0,
+                    "high": 0.9,
+                    "when": {"optimizer": ["sgd"]},
+                    **({"step": 0.45} if grid else {}),
+                },
+            },
+            "objective": {"metric": "loss", "direction": "minimize"},
+            "sampler": sampler,
+            "seed": 7,
+            "max_trials": 20,
+            "trial": {"command": "python train.py"},
+            **extra,
+        }
+    )
 
 
 def objective(p: dict[str, Any]) -> float:
@@ -214,6 +231,8 @@ def test_gp_ei_gradient_matches_finite_differences() -> None:
     for j in range(3):
         step = np.zeros(3)
         step[j] = h
-        fd = (log_ei(gps, pts + step, float(y.min()), 0.0)
-              - log_ei(gps, pts - step, float(y.min()), 0.0)) / (2 * h)
+        fd = (
+            log_ei(gps, pts + step, float(y.min()), 0.0)
+            - log_ei(gps, pts - step, float(y.min()), 0.0)
+        ) / (2 * h)
         assert np.allclose(grad[:, j], fd, rtol=1e-4, atol=1e-6)

@@ -85,9 +85,13 @@ def test_valid_yaml_round_trips(tmp_path: Path) -> None:
 
 def test_defaults_and_active() -> None:
     exp = parse_experiment(
-        {"name": "e", "space": {"x": {"type": "float", "low": 0, "high": 1}},
-         "objective": {"metric": "loss", "direction": "minimize"}, "target": 0.1,
-         "trial": {"command": "python t.py"}}
+        {
+            "name": "e",
+            "space": {"x": {"type": "float", "low": 0, "high": 1}},
+            "objective": {"metric": "loss", "direction": "minimize"},
+            "target": 0.1,
+            "trial": {"command": "python t.py"},
+        }
     )
     assert exp.sampler == "tpe" and exp.early_stopping.rule == "none"
     assert exp.params_as == "args" and exp.dead_after_s == 600.0
@@ -101,35 +105,52 @@ def test_defaults_and_active() -> None:
     ("overrides", "field", "accepted"),
     [
         ({"space": {}}, "space", "non-empty"),
-        ({"space": {"lr": {"type": "float", "low": 1.0, "high": 0.1}}}, "space.lr.low",
-         "<= high"),
-        ({"space": {"lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}},
-         "space.lr.low", "> 0 with log"),
+        ({"space": {"lr": {"type": "float", "low": 1.0, "high": 0.1}}}, "space.lr.low", "<= high"),
+        (
+            {"space": {"lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}},
+            "space.lr.low",
+            "> 0 with log",
+        ),
         ({"space": {"n": {"type": "int", "low": 1.5, "high": 4}}}, "space.n.low", "integer"),
-        ({"space": {"c": {"type": "categorical", "choices": []}}}, "space.c.choices",
-         "non-empty"),
-        ({"space": {"x": {"type": "float", "low": 0, "high": 1, "step": 0.1, "log": True}}},
-         "space.x.step", "not combined with log"),
-        ({"space": {"x": {"type": "vector", "low": 0, "high": 1}}}, "space.x.type",
-         "float, int, categorical"),
+        ({"space": {"c": {"type": "categorical", "choices": []}}}, "space.c.choices", "non-empty"),
+        (
+            {"space": {"x": {"type": "float", "low": 0, "high": 1, "step": 0.1, "log": True}}},
+            "space.x.step",
+            "not combined with log",
+        ),
+        (
+            {"space": {"x": {"type": "vector", "low": 0, "high": 1}}},
+            "space.x.type",
+            "float, int, categorical",
+        ),
         ({"sampler": "bohb"}, "sampler", "random, grid, tpe, gp-ei"),
         ({"surprise": 1}, "surprise", "fields: name, space"),
-        ({"space": {"lr": {"type": "float", "low": 0, "high": 1, "bogus": 2}}},
-         "space.lr.bogus", "fields: type, low, high"),
-        ({"objective": {"metric": "acc", "direction": "up"}}, "objective.direction",
-         "maximize, minimize"),
-        ({"max_trials": None, "max_time_s": None, "target": None}, "max_trials",
-         "at least one of max_trials, max_time_s or target"),
+        (
+            {"space": {"lr": {"type": "float", "low": 0, "high": 1, "bogus": 2}}},
+            "space.lr.bogus",
+            "fields: type, low, high",
+        ),
+        (
+            {"objective": {"metric": "acc", "direction": "up"}},
+            "objective.direction",
+            "maximize, minimize",
+        ),
+        (
+            {"max_trials": None, "max_time_s": None, "target": None},
+            "max_trials",
+            "at least one of max_trials, max_time_s or target",
+        ),
         ({"max_steps": None}, "max_steps", "required by asha and curve"),
-        ({"early_stopping": {"rule": "curve", "theta": 1.5}}, "early_stopping.theta",
-         "(0, 1)"),
-        ({"early_stopping": {"rule": "hyperband"}}, "early_stopping.rule",
-         "none, asha, median, curve"),
+        ({"early_stopping": {"rule": "curve", "theta": 1.5}}, "early_stopping.theta", "(0, 1)"),
+        (
+            {"early_stopping": {"rule": "hyperband"}},
+            "early_stopping.rule",
+            "none, asha, median, curve",
+        ),
         ({"parallelism": 0}, "parallelism", ">= 1"),
         ({"name": "x" * 60}, "name", "1-48 characters"),
         ({"params_as": "stdin"}, "params_as", "args, env, both"),
-        ({"trial": {"script": "t.py", "working_dir": "relative"}}, "trial.working_dir",
-         "absolute"),
+        ({"trial": {"script": "t.py", "working_dir": "relative"}}, "trial.working_dir", "absolute"),
         ({"trial": {"working_dir": "/srv"}}, "trial.command", "exactly one of command"),
         ({"trial": {"script": "t.py", "surprise": 1}}, "trial.surprise", "fields: name"),
     ],
@@ -145,21 +166,42 @@ def test_bad_spec_names_the_field(overrides: dict[str, Any], field: str, accepte
     ("space", "field", "message"),
     [
         # a parent that does not exist
-        ({"a": {"type": "float", "low": 0, "high": 1, "when": {"ghost": ["x"]}}},
-         "space.a.when.ghost", "unknown parameter"),
+        (
+            {"a": {"type": "float", "low": 0, "high": 1, "when": {"ghost": ["x"]}}},
+            "space.a.when.ghost",
+            "unknown parameter",
+        ),
         # a cycle: a needs b, b needs c, c needs a
-        ({"a": {"type": "int", "low": 0, "high": 1, "when": {"b": ["x"]}},
-          "b": {"type": "categorical", "choices": ["x", "y"], "when": {"c": [1]}},
-          "c": {"type": "int", "low": 0, "high": 3, "when": {"a": [1]}}},
-         "space.a.when.b", "cycle: a -> b -> c -> a"),
-        ({"b": {"type": "categorical", "choices": ["x", "y"]},
-          "a": {"type": "float", "low": 0, "high": 1, "when": {"b": ["z"]}}},
-         "space.a.when.b", "not one of b's choices"),
-        ({"f": {"type": "float", "low": 0, "high": 1},
-          "a": {"type": "float", "low": 0, "high": 1, "when": {"f": [0.5]}}},
-         "space.a.when.f", "float parameter"),
-        ({"a": {"type": "float", "low": 0, "high": 1, "when": {"a": [0.5]}}},
-         "space.a.when.a", "itself"),
+        (
+            {
+                "a": {"type": "int", "low": 0, "high": 1, "when": {"b": ["x"]}},
+                "b": {"type": "categorical", "choices": ["x", "y"], "when": {"c": [1]}},
+                "c": {"type": "int", "low": 0, "high": 3, "when": {"a": [1]}},
+            },
+            "space.a.when.b",
+            "cycle: a -> b -> c -> a",
+        ),
+        (
+            {
+                "b": {"type": "categorical", "choices": ["x", "y"]},
+                "a": {"type": "float", "low": 0, "high": 1, "when": {"b": ["z"]}},
+            },
+            "space.a.when.b",
+            "not one of b's choices",
+        ),
+        (
+            {
+                "f": {"type": "float", "low": 0, "high": 1},
+                "a": {"type": "float", "low": 0, "high": 1, "when": {"f": [0.5]}},
+            },
+            "space.a.when.f",
+            "float parameter",
+        ),
+        (
+            {"a": {"type": "float", "low": 0, "high": 1, "when": {"a": [0.5]}}},
+            "space.a.when.a",
+            "itself",
+        ),
     ],
 )
 def test_bad_condition(space: dict[str, Any], field: str, message: str) -> None:
@@ -170,16 +212,29 @@ def test_bad_condition(space: dict[str, Any], field: str, message: str) -> None:
 
 
 def test_parent_may_be_declared_after_its_child() -> None:
-    exp = parse_experiment(base(space={
-        "momentum": {"type": "float", "low": 0, "high": 1, "when": {"opt": ["sgd"]}},
-        "opt": {"type": "categorical", "choices": ["sgd", "adam"]}}))
+    exp = parse_experiment(
+        base(
+            space={
+                "momentum": {"type": "float", "low": 0, "high": 1, "when": {"opt": ["sgd"]}},
+                "opt": {"type": "categorical", "choices": ["sgd", "adam"]},
+            }
+        )
+    )
     assert exp.order() == ["opt", "momentum"]
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    err = rejected(base(space={"a": {"type": "float", "low": 2, "high": 1},
-                               "b": {"type": "categorical", "choices": []}},
-                        max_trials=None, max_time_s=None, target=None))
+    err = rejected(
+        base(
+            space={
+                "a": {"type": "float", "low": 2, "high": 1},
+                "b": {"type": "categorical", "choices": []},
+            },
+            max_trials=None,
+            max_time_s=None,
+            target=None,
+        )
+    )
     fields = {d["field"] for d in err.details}
     assert {"space.a.low", "space.b.choices", "max_trials"} <= fields
 
@@ -187,13 +242,22 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_grid_needs_a_step_for_floats() -> None:
     err = rejected(base(sampler="grid"))
     assert {d["field"] for d in err.details} == {"space.lr.step", "space.momentum.step"}
-    exp = parse_experiment(base(
-        sampler="grid",
-        space={"lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True, "grid_points": 3},
-               "opt": {"type": "categorical", "choices": ["sgd", "adam"]},
-               "mom": {"type": "float", "low": 0.0, "high": 0.9, "step": 0.3,
-                       "when": {"opt": ["sgd"]}}},
-    ))
+    exp = parse_experiment(
+        base(
+            sampler="grid",
+            space={
+                "lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True, "grid_points": 3},
+                "opt": {"type": "categorical", "choices": ["sgd", "adam"]},
+                "mom": {
+                    "type": "float",
+                    "low": 0.0,
+                    "high": 0.9,
+                    "step": 0.3,
+                    "when": {"opt": ["sgd"]},
+                },
+            },
+        )
+    )
     grid = exp.grid()
     # 3 lr × (adam + 4 momenta under sgd): conditional values only where active.
     assert len(grid) == 3 * (1 + 4)
@@ -225,8 +289,7 @@ def test_relative_working_dir_resolves_against_the_file(tmp_path: Path) -> None:
     data = base()
     del data["trial"]["working_dir"]
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(data))
-    assert load_experiment_file(tmp_path / "e.yaml").trial["working_dir"] == str(
-        tmp_path.resolve())
+    assert load_experiment_file(tmp_path / "e.yaml").trial["working_dir"] == str(tmp_path.resolve())
 
 
 def test_trial_job_spec_args_and_env() -> None:
@@ -234,20 +297,38 @@ def test_trial_job_spec_args_and_env() -> None:
     params = {"lr": 0.01, "hidden": 64, "optimizer": "sgd", "momentum": 0.9, "batch-size": 32}
     job = trial_job_spec(exp, params, 7)
     assert job["name"] == "mlp-search-t7"
-    assert job["args"] == ["--epochs", "20", "--lr", "0.01", "--hidden", "64",
-                           "--optimizer", "sgd", "--momentum", "0.9", "--batch-size", "32"]
+    assert job["args"] == [
+        "--epochs",
+        "20",
+        "--lr",
+        "0.01",
+        "--hidden",
+        "64",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0.9",
+        "--batch-size",
+        "32",
+    ]
     assert job["env"] == {
-        "OMP_NUM_THREADS": "1", "COADAPT_PARAM_LR": "0.01", "COADAPT_PARAM_HIDDEN": "64",
-        "COADAPT_PARAM_OPTIMIZER": "sgd", "COADAPT_PARAM_MOMENTUM": "0.9",
-        "COADAPT_PARAM_BATCH_SIZE": "32", "COADAPT_TRIAL": "7",
+        "OMP_NUM_THREADS": "1",
+        "COADAPT_PARAM_LR": "0.01",
+        "COADAPT_PARAM_HIDDEN": "64",
+        "COADAPT_PARAM_OPTIMIZER": "sgd",
+        "COADAPT_PARAM_MOMENTUM": "0.9",
+        "COADAPT_PARAM_BATCH_SIZE": "32",
+        "COADAPT_TRIAL": "7",
     }
     parsed = parse_spec(job)
     assert parsed.name == "mlp-search-t7" and parsed.max_replicas == 1
     assert exp.trial["args"] == ["--epochs", "20"]  # the template is not modified
 
 
-@pytest.mark.parametrize(("params_as", "has_args", "has_env"),
-                         [("args", True, False), ("env", False, True), ("both", True, True)])
+@pytest.mark.parametrize(
+    ("params_as", "has_args", "has_env"),
+    [("args", True, False), ("env", False, True), ("both", True, True)],
+)
 def test_params_as(params_as: str, has_args: bool, has_env: bool) -> None:
     exp = parse_experiment(base(params_as=params_as))
     job = trial_job_spec(exp, {"lr": 0.5, "optimizer": "adam"}, 0)
@@ -264,8 +345,14 @@ def test_trial_names_fit_the_job_name_rules() -> None:
 
 
 def test_env_name_collision_is_rejected() -> None:
-    err = rejected(base(space={"a-b": {"type": "float", "low": 0, "high": 1},
-                               "a_b": {"type": "float", "low": 0, "high": 1}}))
+    err = rejected(
+        base(
+            space={
+                "a-b": {"type": "float", "low": 0, "high": 1},
+                "a_b": {"type": "float", "low": 0, "high": 1},
+            }
+        )
+    )
     assert "COADAPT_PARAM_A_B" in err.details[0]["message"]
 
 

@@ -45,14 +45,24 @@ SIM_DIR_ENV = "COADAPT_DASHBOARD_SIM_DIR"
 ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
 MAX_POINTS = 600  # per series: plots never need more, and the browser polls every 2 s
 ETA_WINDOW_S = 120.0  # progress rate is measured over this much recent history
-TOTAL_FLAGS = {"--steps": "steps", "--max-steps": "steps", "--total-steps": "steps",
-               "--epochs": "epochs", "--num-epochs": "epochs"}
+TOTAL_FLAGS = {
+    "--steps": "steps",
+    "--max-steps": "steps",
+    "--total-steps": "steps",
+    "--epochs": "epochs",
+    "--num-epochs": "epochs",
+}
 # A strict CSP keeps the page from reaching anything but its own controller.
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-       "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-       "frame-ancestors 'none'")
-NO_CACHE = {"Cache-Control": "no-cache", "Content-Security-Policy": CSP,
-            "X-Content-Type-Options": "nosniff"}
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
+NO_CACHE = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 @dataclass(frozen=True)
@@ -83,8 +93,16 @@ def replica_rows(store: Store, since: float | None = None) -> list[Rep]:
     try:
         with _read(store) as s, s.begin():
             return [
-                Rep(r.job_id, str(getattr(r, "node", None) or "local"), r.slot, r.rank,
-                    r.attempt, r.status, r.started_at, r.ended_at)
+                Rep(
+                    r.job_id,
+                    str(getattr(r, "node", None) or "local"),
+                    r.slot,
+                    r.rank,
+                    r.attempt,
+                    r.status,
+                    r.started_at,
+                    r.ended_at,
+                )
                 for r in s.scalars(q)
             ]
     except OperationalError as exc:
@@ -92,7 +110,9 @@ def replica_rows(store: Store, since: float | None = None) -> list[Rep]:
 
 
 def series_rows(
-    store: Store, job_ids: Sequence[str], names: Iterable[str] | None = None,
+    store: Store,
+    job_ids: Sequence[str],
+    names: Iterable[str] | None = None,
     since: float | None = None,
 ) -> list[MetricRow]:
     """Metric rows of ``job_ids`` (optionally only ``names``, only after ``since``)."""
@@ -211,14 +231,19 @@ def perf_params(report: dict[str, Any]) -> tuple[PerfParams | None, str | None]:
         vals = _finite(perf, PerfParams.__dataclass_fields__)
         if vals is not None:
             return PerfParams(*vals), "reported"
-    rows = [r for r in report.get("profile") or [] if isinstance(r, dict)
-            and _finite(r, PROFILE_KEYS) is not None]
+    rows = [
+        r
+        for r in report.get("profile") or []
+        if isinstance(r, dict) and _finite(r, PROFILE_KEYS) is not None
+    ]
     if not rows:
         return None, None
     try:
         obs = Observations.build(
-            [r["nodes"] for r in rows], [r["replicas"] for r in rows],
-            [r["local_bsz"] for r in rows], [r["iter_time"] for r in rows],
+            [r["nodes"] for r in rows],
+            [r["replicas"] for r in rows],
+            [r["local_bsz"] for r in rows],
+            [r["iter_time"] for r in rows],
             accum_steps=[r["accum_steps"] for r in rows],
         )
         return fit_perf_params(obs), "fitted from profile"
@@ -237,9 +262,11 @@ def model_view(job: Job, configs: Iterable[tuple[int, int, int, int]]) -> dict[s
         row: dict[str, Any] = {k: float(r[k]) for k in PROFILE_KEYS}
         row["count"] = r.get("count")
         row["predicted"] = (
-            float(iter_time(perf, row["nodes"], row["replicas"], row["local_bsz"],
-                            row["accum_steps"]))
-            if perf is not None else None
+            float(
+                iter_time(perf, row["nodes"], row["replicas"], row["local_bsz"], row["accum_steps"])
+            )
+            if perf is not None
+            else None
         )
         profile.append(row)
     curves = []
@@ -247,14 +274,23 @@ def model_view(job: Job, configs: Iterable[tuple[int, int, int, int]]) -> dict[s
     keys = {(int(p["nodes"]), int(p["replicas"]), int(p["accum_steps"])) for p in profile}
     keys |= {(n, k, s) for n, k, _, s in configs}
     keys = keys or {(1, max(job.replicas, 1), 0)}
-    top = max([p["local_bsz"] for p in profile] + [float(c[2]) for c in configs]
-              + [float(job.spec.get("batch_size") or 32)])
+    top = max(
+        [p["local_bsz"] for p in profile]
+        + [float(c[2]) for c in configs]
+        + [float(job.spec.get("batch_size") or 32)]
+    )
     if perf is not None:
         grid = np.unique(np.geomspace(1, max(top * 1.5, 2), 40).round())
         for n, k, s in sorted(keys):
             t = iter_time(perf, n, k, grid, s)
-            curves.append({"nodes": n, "replicas": k, "accum_steps": s,
-                           "points": [[float(m), float(v)] for m, v in zip(grid, t, strict=True)]})
+            curves.append(
+                {
+                    "nodes": n,
+                    "replicas": k,
+                    "accum_steps": s,
+                    "points": [[float(m), float(v)] for m, v in zip(grid, t, strict=True)],
+                }
+            )
     grad = report.get("grad") if isinstance(report.get("grad"), dict) else None
     return {
         "perf": perf.__dict__ if perf is not None else None,
@@ -278,7 +314,9 @@ def _alloc_points(events: list[Event]) -> tuple[list[list[float]], list[list[flo
 
 
 def step_times(
-    rows: list[MetricRow], alloc_times: list[float], perf: PerfParams | None,
+    rows: list[MetricRow],
+    alloc_times: list[float],
+    perf: PerfParams | None,
     nodes_at: Callable[[float], int],
 ) -> tuple[list[list[float | None]], set[tuple[int, int, int, int]]]:
     """Observed seconds per step between consecutive progress records of one allocation,
@@ -286,7 +324,7 @@ def step_times(
     samples: dict[tuple[float, int], dict[str, float]] = {}
     for r in rows:
         if r.step is not None and r.value is not None and r.name.startswith(PREFIX):
-            samples.setdefault((r.time, r.step), {})[r.name[len(PREFIX):]] = r.value
+            samples.setdefault((r.time, r.step), {})[r.name[len(PREFIX) :]] = r.value
     ordered = sorted((t, step, v) for (t, step), v in samples.items() if "replicas" in v)
     out: list[list[float | None]] = []
     configs: set[tuple[int, int, int, int]] = set()
@@ -298,7 +336,7 @@ def step_times(
             continue  # a restart happened in between: that gap is not a step time
         m, s = int(v1.get("local_bsz", 0)), int(v1.get("accum_steps", 0))
         n = nodes_at(t1)
-        pred = (float(iter_time(perf, n, k, m, s)) if perf is not None and m > 0 else None)
+        pred = float(iter_time(perf, n, k, m, s)) if perf is not None and m > 0 else None
         if m > 0:
             configs.add((n, k, m, s))
         out.append([t1, (t1 - t0) / (s1 - s0), pred, float(k)])
@@ -346,11 +384,18 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
             if job is None:
                 slots.append({"node": r.node, "slot": r.slot, "status": r.status, "other": True})
             else:
-                slots.append({
-                    "node": r.node, "slot": r.slot, "status": r.status, "other": False,
-                    "job_id": job.id, "name": job.name, "rank": r.rank,
-                    "tenant": tn.get(job.tenant_id, job.tenant_id),
-                })
+                slots.append(
+                    {
+                        "node": r.node,
+                        "slot": r.slot,
+                        "status": r.status,
+                        "other": False,
+                        "job_id": job.id,
+                        "name": job.name,
+                        "rank": r.rank,
+                        "tenant": tn.get(job.tenant_id, job.tenant_id),
+                    }
+                )
         # Start where the history does (within the window), so a young cluster fills the plot.
         first = min((r.started_at for r in reps), default=now - window)
         start = max(now - window, min(first - 0.05 * (now - first), now - 60.0))
@@ -368,11 +413,13 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
         mine = store.list_jobs(me)
         running = [j.id for j in mine if j.state in ACTIVE]
         samples: dict[str, dict[str, list[tuple[float, float]]]] = {}
-        for r in series_rows(store, running, [PREFIX + "step", PREFIX + "epoch"],
-                             since=now - ETA_WINDOW_S):
+        for r in series_rows(
+            store, running, [PREFIX + "step", PREFIX + "epoch"], since=now - ETA_WINDOW_S
+        ):
             if r.value is not None:
-                samples.setdefault(r.job_id, {}).setdefault(r.name[len(PREFIX):], []).append(
-                    (r.time, r.value))
+                samples.setdefault(r.job_id, {}).setdefault(r.name[len(PREFIX) :], []).append(
+                    (r.time, r.value)
+                )
         out = []
         for job in mine:
             view = job_view(job, tn)
@@ -382,16 +429,18 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
             frac, eta = progress_eta(job, samples.get(job.id, {}).get(unit, []), now)
             progress = (job.report or {}).get("progress") or {}
             lr_scale = progress.get("lr_scale")
-            view.update({
-                "progress": frac,
-                "eta_s": eta,
-                "total": {"unit": work[0], "value": work[1]} if work else None,
-                "lr_scale": lr_scale if isinstance(lr_scale, (int, float)) else None,
-                "lr": spec.get("lr"),
-                "min_replicas": spec.get("min_replicas"),
-                "max_replicas": spec.get("max_replicas"),
-                "allocation": _allocation(job),
-            })
+            view.update(
+                {
+                    "progress": frac,
+                    "eta_s": eta,
+                    "total": {"unit": work[0], "value": work[1]} if work else None,
+                    "lr_scale": lr_scale if isinstance(lr_scale, (int, float)) else None,
+                    "lr": spec.get("lr"),
+                    "min_replicas": spec.get("min_replicas"),
+                    "max_replicas": spec.get("max_replicas"),
+                    "allocation": _allocation(job),
+                }
+            )
             out.append(view)
         return {"now": now, "jobs": out}
 
@@ -411,20 +460,23 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
             if r.value is None:
                 continue
             if r.name.startswith(PREFIX):
-                series.setdefault(r.name[len(PREFIX):], []).append([r.time, r.value, r.step])
+                series.setdefault(r.name[len(PREFIX) :], []).append([r.time, r.value, r.step])
             else:
                 user.setdefault(r.name, []).append([r.time, r.value, r.step])
         for e in events:  # a batch change the job announced between two progress records
-            if e.kind == "batch" and isinstance((e.data or {}).get("batch_size"), int):
-                series.setdefault("batch_size", []).append(
-                    [e.time, float(e.data["batch_size"]), None])  # type: ignore[index]
+            batch = (e.data or {}).get("batch_size")
+            if e.kind == "batch" and isinstance(batch, int):
+                series.setdefault("batch_size", []).append([e.time, float(batch), None])
         series["batch_size"] = sorted(series.get("batch_size", []), key=lambda p: p[0])
         perf, _ = perf_params(job.report or {})
         reps = [r for r in replica_rows(store, since=0.0) if r.job_id == job.id]
 
         def nodes_at(t: float) -> int:
-            held = {r.node for r in reps
-                    if r.started_at <= t and (r.ended_at is None or r.ended_at >= t)}
+            held = {
+                r.node
+                for r in reps
+                if r.started_at <= t and (r.ended_at is None or r.ended_at >= t)
+            }
             return max(len(held), 1)
 
         steps, configs = step_times(rows, [a[0] for a in alloc], perf, nodes_at)
@@ -440,8 +492,15 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
             "step_times": thin(steps),
             "model": model_view(job, configs),
             "replicas": [
-                {"node": r.node, "slot": r.slot, "rank": r.rank, "attempt": r.attempt,
-                 "status": r.status, "started_at": r.started_at, "ended_at": r.ended_at}
+                {
+                    "node": r.node,
+                    "slot": r.slot,
+                    "rank": r.rank,
+                    "attempt": r.attempt,
+                    "status": r.status,
+                    "started_at": r.started_at,
+                    "ended_at": r.ended_at,
+                }
                 for r in reps[-64:]
             ],
             "events": [

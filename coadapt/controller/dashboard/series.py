@@ -60,8 +60,9 @@ def record_series(store: Store, job_id: str, record: dict[str, Any], now: float)
     for key, name in fields.items():
         value = _value(record.get(key))
         if value is not None:
-            rows.append(MetricRow(job_id=job_id, time=now, name=PREFIX + name, value=value,
-                                  step=step))
+            rows.append(
+                MetricRow(job_id=job_id, time=now, name=PREFIX + name, value=value, step=step)
+            )
     if not rows:
         return
     try:

@@ -22,9 +22,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("replicas") as batch:
-        batch.add_column(
-            sa.Column("node", sa.String(128), nullable=False, server_default="local")
-        )
+        batch.add_column(sa.Column("node", sa.String(128), nullable=False, server_default="local"))
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("allocation", sa.JSON(), nullable=True))
         batch.add_column(sa.Column("desired_allocation", sa.JSON(), nullable=True))
