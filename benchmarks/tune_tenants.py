@@ -27,7 +27,8 @@ runs the simulator (:mod:`coadapt.tune.sim`: real samplers, real pruning rule, t
 the controller runs) on that bank. Each seed draws its own sampler seeds and its own order
 of arrival (the tenants submit together, 1 ms apart in a seeded random order: FIFO's outcome
 depends on who came first). Every policy runs the same experiment specs (sampler,
-early-stopping rule, objective, targets).
+early-stopping rule, objective, targets). ``--hindsight`` also replays FIFO in every order of
+arrival and reports each seed's best order, an upper bound on what ordering tenants can gain.
 
 Objective and targets (``--objective``, ``--quantile``), by one rule for every task of both
 banks, fixed before any policy was compared on it: each tenant minimises its held-out
@@ -521,10 +522,11 @@ def tenant_tasks(kind: str, paths: dict[str, Path]) -> tuple[dict[str, Any], dic
 
 
 def _simulate_one(policy: str, seed: int, tenants: list[Any], slots: int) -> Any:
-    """One replay (``solo``: the tenant alone under fifo); a process pool's unit of work."""
+    """One replay (``solo``: the tenant alone under fifo; ``order``: fifo with the tenants'
+    arrivals in a given order); a process pool's unit of work."""
     from coadapt.tune.sim import simulate
 
-    name, params = VARIANTS.get(policy, ("fifo" if policy == "solo" else policy, {}))
+    name, params = VARIANTS.get(policy, ("fifo" if policy in ("solo", "order") else policy, {}))
     return simulate(tenants, slots, name, seed, params=params)
 
 
@@ -570,6 +572,15 @@ def replay(args: argparse.Namespace, kind: str, paths: dict[str, Path]) -> dict[
         work += [(policy, seed, tenants) for policy in args.policies]
         # alone on the cluster, same sampler seed: a lower bound
         work += [("solo", seed, [replace(t, arrival=0.0)]) for t in tenants]
+        if args.hindsight:  # fifo in every order of arrival: the best static order, in hindsight
+            work += [
+                (
+                    "order",
+                    seed,
+                    [replace(t, arrival=p.index(t.name) * args.arrival_gap) for t in tenants],
+                )
+                for p in itertools.permutations(names)
+            ]
     done: dict[int, Any] = {}
     with Progress() as progress:
         bar = progress.add_task(f"replaying the {kind} bank", total=len(work))
@@ -590,9 +601,12 @@ def replay(args: argparse.Namespace, kind: str, paths: dict[str, Path]) -> dict[
             for i, w in enumerate(work):
                 done[i] = _simulate_one(w[0], w[1], w[2], args.slots)
                 progress.advance(bar)
-    for i, (policy, _, tenants) in enumerate(work):
+    orders: dict[int, list[Any]] = {}
+    for i, (policy, seed, tenants) in enumerate(work):
         if policy == "solo":
             solo[tenants[0].name].append(done[i].sum_s)
+        elif policy == "order":
+            orders.setdefault(seed, []).append(done[i])
         else:
             runs[policy].append(done[i])
     trial_s = {
@@ -661,6 +675,31 @@ def replay(args: argparse.Namespace, kind: str, paths: dict[str, Path]) -> dict[
         out["best_possible_ratio_fifo_over_any_sum"] = (
             out["policies"]["fifo"]["sum_s_mean"] / out["sum_lower_bound_s_mean"]
         )
+    if orders:
+        # Each seed's best order for each measure, chosen after the fact: an upper bound on
+        # what any policy that only orders tenants (static priorities) could gain over fifo.
+        best_mk = [
+            min((r.makespan_s for r in rs if r.makespan_s is not None), default=None)
+            for rs in orders.values()
+        ]
+        best_sum = [
+            min((r.sum_s for r in rs if r.sum_s is not None), default=None)
+            for rs in orders.values()
+        ]
+        out["hindsight_order"] = {
+            "what": "fifo in every order of the tenants' arrivals; each seed's best order "
+            "for each measure, chosen after the fact",
+            "orders_per_seed": len(next(iter(orders.values()))),
+            "makespan_s_mean": summary(best_mk)[0],
+            "sum_s_mean": summary(best_sum)[0],
+        }
+        if base_mk is not None:
+            out["hindsight_order"]["ratio_fifo_over_it"] = (
+                base_mk / out["hindsight_order"]["makespan_s_mean"]
+            )
+            out["hindsight_order"]["ratio_fifo_over_it_sum"] = (
+                out["policies"]["fifo"]["sum_s_mean"] / out["hindsight_order"]["sum_s_mean"]
+            )
     ours = out["policies"].get("ei-per-gpu")
     base = out["policies"].get("fifo")
     if ours and base:
@@ -711,6 +750,14 @@ def replay(args: argparse.Namespace, kind: str, paths: dict[str, Path]) -> dict[
             f"{out['best_possible_ratio_fifo_over_any']:.2f}x below fifo; "
             f"on the sum: {out['sum_lower_bound_s_mean']:.1f} s "
             f"(at most {out['best_possible_ratio_fifo_over_any_sum']:.2f}x)"
+        )
+    if "ratio_fifo_over_it" in out.get("hindsight_order", {}):
+        h = out["hindsight_order"]
+        console.print(
+            f"best static order in hindsight (fifo, best of {h['orders_per_seed']} arrival "
+            f"orders per seed): makespan {h['makespan_s_mean']:.1f} s "
+            f"({h['ratio_fifo_over_it']:.2f}x below fifo), sum {h['sum_s_mean']:.1f} s "
+            f"({h['ratio_fifo_over_it_sum']:.2f}x)"
         )
     if "ratio_fifo_over_ours" in out:
         console.print(
@@ -899,6 +946,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-trials", type=int, default=200, help="per tenant (seed 003: 200)")
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
+    p.add_argument(
+        "--hindsight",
+        action="store_true",
+        help="also replay fifo in every order of the tenants' arrivals (tenants! runs a seed) "
+        "and report each seed's best order: what ordering tenants could gain at most",
+    )
     p.add_argument(
         "--arrival-gap",
         type=float,
