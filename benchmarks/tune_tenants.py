@@ -71,9 +71,12 @@ HEAVY_BANK = ROOT / "benchmarks" / "data" / "tune_curves_heavy.json"
 #: A held-out log-loss above this (or non-finite: a diverged model) is recorded as this.
 LOSS_CAP = 100.0
 POLICIES = ("fifo", "algorithm1", "ei-per-gpu", "ei-per-gpu-no-preempt")
-#: Labels that are a policy with parameters: the ablation of ei-per-gpu's preemption.
+#: Labels that are a policy with parameters: ablations of ei-per-gpu's preemption (off, or
+#: at a lower worth ratio than the default 3); pass them to ``--policies``.
 VARIANTS: dict[str, tuple[str, dict[str, float]]] = {
     "ei-per-gpu-no-preempt": ("ei-per-gpu", {"preempt_ratio": 0.0}),
+    "ei-per-gpu-preempt-1.5": ("ei-per-gpu", {"preempt_ratio": 1.5}),
+    "ei-per-gpu-preempt-1": ("ei-per-gpu", {"preempt_ratio": 1.0}),
 }
 
 
