@@ -141,6 +141,18 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    """A quiet launcher in its own process group (so a failure can kill the whole job)."""
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def _wait_for(
     metrics: Path, pred: Any, proc: subprocess.Popen[bytes], timeout: float = 120
 ) -> dict[str, Any]:
@@ -174,14 +186,7 @@ def rescale_elastic(tmp: Path) -> float:
         "--epochs",
         "100000",
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _spawn(cmd)
     try:
         _wait_for(metrics, lambda r: r.get("kind") == "progress" and r.get("step", 0) >= 60, proc)
         (ck / "replicas").write_text("2\n")
@@ -214,14 +219,7 @@ def rescale_cold(tmp: Path) -> float:
         "--epochs",
         "100000",
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _spawn(cmd)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not any(
@@ -235,14 +233,7 @@ def rescale_cold(tmp: Path) -> float:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     cmd[4] = "2"
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _spawn(cmd)
     try:
         deadline = time.monotonic() + 120
         first = None
