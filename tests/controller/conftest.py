@@ -16,6 +16,7 @@ from coadapt.controller.reconciler import Controller
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.store import Job, Store, Tenant
 from coadapt.executors import FakeExecutor
+from tests.requirements import unavailable
 
 HERE = Path(__file__).resolve().parent
 TINY_JOB = HERE / "tiny_job.py"
@@ -61,7 +62,7 @@ def _pg_admin() -> tuple[str | None, str]:
 def pg_admin_url() -> str:
     url, why = _pg_admin()
     if url is None:
-        pytest.skip(f"PostgreSQL half skipped: no server answered ({why})")
+        unavailable(f"PostgreSQL half skipped: no server answered ({why})")
     return url
 
 

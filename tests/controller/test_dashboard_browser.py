@@ -24,6 +24,7 @@ import pytest
 
 from tests.controller.conftest import TINY_JOB, make_spec
 from tests.controller.livecluster import ROOT, LiveController, wait_for
+from tests.requirements import strict
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,6 +62,8 @@ def _skip_reason() -> str | None:
 
 
 SKIP = _skip_reason()
+if SKIP and strict():
+    raise RuntimeError(f"dashboard browser tests are required under CI: {SKIP}")
 if SKIP:
     print(f"\nskipping dashboard browser tests: {SKIP}", file=sys.stderr)
     pytestmark = [pytestmark, pytest.mark.skip(reason=SKIP)]  # type: ignore[assignment]

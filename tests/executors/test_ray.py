@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requirements import unavailable
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 UNSHARE = ["unshare", "-n", "-p", "-f", "-m", "--mount-proc"]
@@ -42,7 +44,7 @@ def test_jobs_span_nodes_rescale_and_survive_node_loss(tmp_path: Path) -> None:
     why = _why_not()
     if why is not None:
         print(f"skipping the Ray integration test: {why}")
-        pytest.skip(why)
+        unavailable(why)
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     script = f"ip link set lo up && exec {sys.executable} {HERE / 'ray_scenario.py'} {tmp_path}"
     started = time.monotonic()
