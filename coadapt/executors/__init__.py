@@ -5,6 +5,7 @@ the default install never needs Ray.
 """
 
 from coadapt.executors.base import (
+    OOM_EXIT_CODE,
     Executor,
     ExecutorError,
     NodeInventory,
@@ -17,6 +18,7 @@ from coadapt.executors.fake import FakeExecutor
 from coadapt.executors.local import LocalExecutor, detect_gpus
 
 __all__ = [
+    "OOM_EXIT_CODE",
     "Executor",
     "ExecutorError",
     "FakeExecutor",

@@ -27,6 +27,13 @@ class ExecutorError(RuntimeError):
     """A replica could not be started (bad command, missing working directory, no slot)."""
 
 
+# A training process that ran out of memory itself (CUDA OOM, or a host allocation that
+# failed) exits with this code after recording the per-replica batch that did not fit; the
+# kernel's OOM killer is told apart by the executor (cgroup counters). Either way the replica's
+# status carries ``oom=True`` and the controller retries with a smaller per-replica batch.
+OOM_EXIT_CODE = 86
+
+
 @dataclass(frozen=True)
 class NodeInventory:
     """A node the executor can place replicas on, and how many replicas fit there at once."""
@@ -82,6 +89,7 @@ class ReplicaStatus:
     phase: ReplicaPhase
     exit_code: int | None = None  # shell convention: 128 + N when killed by signal N
     reason: str = ""
+    oom: bool = False  # ended for lack of memory (OOM killer, or exit code OOM_EXIT_CODE)
 
     @property
     def done(self) -> bool:
