@@ -1,0 +1,1 @@
+"""Huge sparse CTR models: dynamic embedding tables, parameter servers, online training."""
