@@ -16,12 +16,14 @@ from coadapt.executors.base import (
 )
 from coadapt.executors.fake import FakeExecutor
 from coadapt.executors.local import LocalExecutor, detect_gpus
+from coadapt.executors.sandbox import Isolation
 
 __all__ = [
     "OOM_EXIT_CODE",
     "Executor",
     "ExecutorError",
     "FakeExecutor",
+    "Isolation",
     "LocalExecutor",
     "NodeInventory",
     "ReplicaHandle",
@@ -41,6 +43,7 @@ def create_executor(
     ray_slot_resource: str | None = None,
     ray_namespace: str = "coadapt",
     placement_timeout: float = 60.0,
+    isolation: Isolation | None = None,
 ) -> Executor:
     """The executor ``coadapt server --executor KIND`` runs on; :class:`ExecutorError` names
     the offending flag. Ray is imported only here and only for ``ray``."""
@@ -51,11 +54,16 @@ def create_executor(
         ):
             if value is not None:
                 raise ExecutorError(f"{flag} needs --executor ray")
-        return LocalExecutor(slots=slots)
+        return LocalExecutor(slots=slots, isolation=isolation)
     if kind != "ray":
         raise ExecutorError(f"--executor: unknown executor {kind!r}; accepted: local, ray")
     if slots is not None:
         raise ExecutorError("--slots is for --executor local (Ray nodes declare their slots)")
+    if isolation is not None and isolation.active:
+        raise ExecutorError(
+            "--isolation/--memory-per-slot confine local replicas only; Ray replicas run as "
+            "the Ray workers' user (see docs/security.md): pass --isolation none"
+        )
     if placement_timeout <= 0:
         raise ExecutorError(f"--placement-timeout: {placement_timeout} is invalid; accepted: > 0")
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from coadapt.executors._proc import proc_start_ticks, proc_state
 from coadapt.executors.base import (
+    OOM_EXIT_CODE,
     ExecutorError,
     NodeInventory,
     ReplicaHandle,
@@ -27,6 +28,7 @@ from coadapt.executors.base import (
     ReplicaStatus,
     launch_each,
 )
+from coadapt.executors.sandbox import Isolation
 
 NODE_NAME = "local"
 
@@ -67,13 +69,20 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, slots: int | None = None, python: str | None = None) -> None:
+    def __init__(
+        self,
+        slots: int | None = None,
+        python: str | None = None,
+        isolation: Isolation | None = None,
+    ) -> None:
         gpus = detect_gpus() if slots is None else 0
         self._gpus = gpus > 0
         self._slots = gpus if gpus > 0 else (slots if slots is not None else os.cpu_count() or 1)
         if self._slots < 1:
             raise ExecutorError(f"need at least one slot, got {self._slots}")
         self.python = python or sys.executable
+        # Confinement of every replica (coadapt.executors.sandbox); none by default.
+        self.isolation = isolation or Isolation()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def nodes(self) -> list[NodeInventory]:
@@ -104,15 +113,13 @@ class LocalExecutor:
             (run_dir / stale).unlink(missing_ok=True)
         log_path = Path(spec.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [
-            self.python,
-            "-m",
-            "coadapt.executors._shim",
-            str(run_dir),
-            str(spec.rank),
-            "--",
-            *spec.argv,
-        ]
+        argv = [self.python, "-m", "coadapt.executors._shim", str(run_dir), str(spec.rank)]
+        if self.isolation.active:
+            tenant = spec.env.get("COADAPT_TENANT")
+            conf = self.isolation.confinement(spec.job_id, tenant, spec.cwd)
+            self._hand_over(spec, conf.uid, conf.gid)
+            argv += ["--sandbox", conf.to_json()]
+        argv += ["--", *spec.argv]
         env = dict(spec.env)
         # The shim itself must import coadapt even when the job's cwd/PYTHONPATH hides it.
         pkg_root = str(Path(__file__).resolve().parents[2])
@@ -133,13 +140,40 @@ class LocalExecutor:
         self._children[proc.pid] = proc
         return ReplicaHandle(proc.pid, proc_start_ticks(proc.pid), str(run_dir), spec.rank)
 
+    def _hand_over(self, spec: ReplicaSpec, uid: int | None, gid: int | None) -> None:
+        """The job's directory and checkpoints belong to the run-as user; its run files and
+        logs stay the controller's (a replica cannot forge its own exit record)."""
+        if uid is None or gid is None or self.isolation.jobs_root is None:
+            return
+        job_dir = Path(self.isolation.jobs_root) / spec.job_id
+        Path(spec.run_dir).chmod(0o700)
+        Path(spec.run_dir).parent.chmod(0o700)
+        Path(spec.log_path).parent.chmod(0o750)
+        if not job_dir.is_dir():
+            return
+        mine = [job_dir, job_dir / "checkpoints"]
+        for top in mine[1:]:
+            if top.is_dir():
+                mine += [Path(root) / n for root, dirs, files in os.walk(top) for n in dirs + files]
+        for path in mine:
+            try:
+                st = path.lstat()
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    os.chown(path, uid, gid, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise ExecutorError(f"cannot hand {path} to uid {uid}: {exc}") from exc
+
     def _exit_record(self, handle: ReplicaHandle) -> ReplicaStatus | None:
         path = Path(handle.run_dir) / f"rank{handle.rank}.exit"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return ReplicaStatus(ReplicaPhase.EXITED, int(data["code"]), str(data.get("reason", "")))
+        code = int(data["code"])
+        oom = bool(data.get("oom", code == OOM_EXIT_CODE))
+        return ReplicaStatus(ReplicaPhase.EXITED, code, str(data.get("reason", "")), oom=oom)
 
     def poll(self, handle: ReplicaHandle) -> ReplicaStatus:
         child = self._children.get(handle.pid)
