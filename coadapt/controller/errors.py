@@ -7,6 +7,7 @@
      ├── NotFoundError              404  no such job (or not yours: same answer, no leak)
      ├── ConflictError              409  e.g. a tenant name already taken
      ├── InvalidTransitionError     409  the job state machine refuses the change
+     ├── PayloadTooLargeError       413  a request body over the API's size limit
      └── StorageError               503  the database cannot be reached
 
 Each class carries its ``status``; :func:`coadapt.controller.api.create_app` installs one
@@ -67,6 +68,13 @@ class InvalidTransitionError(ConflictError):
     """A job state change the state machine does not allow (e.g. cancelling a finished job)."""
 
     code = "invalid_transition"
+
+
+class PayloadTooLargeError(ControllerError):
+    """A request body over the API's limit; the message names the limit and how to fit it."""
+
+    status = 413
+    code = "payload_too_large"
 
 
 class StorageError(ControllerError):

@@ -9,12 +9,22 @@ A rejection names every offending field together with the values it accepts, so
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from coadapt.controller.errors import SpecError
@@ -23,7 +33,16 @@ from coadapt.controller.specfile import load_spec_file
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _MAX_INT = 2**31 - 1  # stored in 32-bit columns on every backend
 _MAX_REPLICAS = 4096
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: Size caps: a spec is stored with its job and returned by every job listing, and its
+#: strings become a process's argv and environment (Linux caps one argument at 128 KiB).
+MAX_ARG_CHARS = 8192  # one command/args element, script, working_dir or env value
+MAX_COMMAND_ITEMS = 256
+MAX_ARGS_ITEMS = 4096
+MAX_ENV_VARS = 256
+MAX_SPEC_BYTES = 64 << 10  # the whole spec as JSON
+#: JSON-Schema pattern of a string a process can carry (no NUL); the validator says why.
+NO_NUL = r"^[^\x00]*$"
 #: Variables the controller sets for every replica; a spec may not override them.
 RESERVED_ENV = frozenset(
     {
@@ -45,11 +64,18 @@ RESERVED_ENV = frozenset(
 #: What each field accepts, quoted in every rejection that names it.
 ACCEPTED: dict[str, str] = {
     "name": "1-63 characters: letters, digits, '.', '_', '-' (starting with a letter or digit)",
-    "command": "a command line (string or list of strings); exactly one of command or script",
-    "script": "a Python script path (relative to working_dir); exactly one of command or script",
-    "args": "a list of strings",
-    "working_dir": "an absolute directory path (the CLI resolves it against the spec's folder)",
-    "env": "a mapping of variable names to strings (not RANK, WORLD_SIZE, ... or COADAPT_*)",
+    "command": f"a command line (string or list of at most {MAX_COMMAND_ITEMS} strings of at "
+    f"most {MAX_ARG_CHARS} characters, no NUL); exactly one of command or script",
+    "script": "a Python script path (relative to working_dir; at most "
+    f"{MAX_ARG_CHARS} characters, no NUL); exactly one of command or script",
+    "args": f"a list of strings (at most {MAX_ARGS_ITEMS}, each at most {MAX_ARG_CHARS} "
+    "characters, no NUL)",
+    "working_dir": "an absolute directory path (the CLI resolves it against the spec's folder; "
+    f"at most {MAX_ARG_CHARS} characters, no NUL)",
+    "env": f"a mapping of at most {MAX_ENV_VARS} variable names (letters, digits, '_'; not "
+    f"RANK, WORLD_SIZE, ... or COADAPT_*) to strings of at most {MAX_ARG_CHARS} characters "
+    "(no NUL)",
+    "spec": f"a mapping of job spec fields, at most {MAX_SPEC_BYTES} bytes as JSON",
     "batch_size": "integer in [1, 2^31) (M0, the batch the learning rate was tuned for)",
     "lr": "number > 0",
     "max_batch_size": "integer >= batch_size and < 2^31",
@@ -63,17 +89,99 @@ ACCEPTED: dict[str, str] = {
 }
 
 
+def exec_safe(value: str) -> str:
+    """``value`` if a process can carry it as an argument, path or environment value.
+
+    A NUL ends a C string (``execve`` refuses it) and a lone surrogate (JSON ``"\\ud800"``)
+    has no UTF-8 form: either would pass validation and fail at launch, so both are refused
+    here, naming the character.
+    """
+    if "\x00" in value:
+        raise ValueError(
+            f"contains a NUL character (\\x00) at position {value.index(chr(0))}, which no "
+            "command line, path or environment variable can carry"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"contains {value[exc.start]!r} at position {exc.start}, which has no UTF-8 form"
+        ) from None
+    return value
+
+
+#: One argv element (or path, or env value) as the schema shows it; the validators enforce it.
+Arg = Annotated[
+    str,
+    Field(max_length=MAX_ARG_CHARS),
+    WithJsonSchema({"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": NO_NUL}),
+]
+_ARGV_SCHEMA = {
+    "type": "array",
+    "items": {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": NO_NUL},
+}
+
+
+def _schema_extra(schema: dict[str, Any]) -> None:
+    """Describe each field with the text rejections quote; say "exactly one entry point"."""
+    for name, prop in schema.get("properties", {}).items():
+        if name in ACCEPTED:
+            prop["description"] = ACCEPTED[name]
+    schema["oneOf"] = [{"required": ["command"]}, {"required": ["script"]}]
+
+
 class JobSpec(BaseModel):
-    """One training job, as submitted."""
+    """One training job, as submitted.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    This model is the validator (through :func:`parse_spec`) and the API's OpenAPI schema of
+    a job spec; the few rules JSON Schema cannot say (``max_batch_size >= batch_size``, ...)
+    are only in the validators and quoted in the field descriptions.
+    """
 
-    name: str
-    command: list[str] | None = None
-    script: str | None = None
-    args: list[str] = Field(default_factory=list)
-    working_dir: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_schema_extra)
+
+    name: str = Field(json_schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"})
+    command: Annotated[
+        list[Arg] | None,
+        Field(max_length=MAX_COMMAND_ITEMS),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {**_ARGV_SCHEMA, "minItems": 1, "maxItems": MAX_COMMAND_ITEMS},
+                    {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": MAX_ARG_CHARS,
+                        "pattern": NO_NUL,
+                    },
+                ]
+            }
+        ),
+    ] = None
+    script: Arg | None = None
+    args: list[Arg] = Field(default_factory=list, max_length=MAX_ARGS_ITEMS)
+    working_dir: Annotated[
+        str | None,
+        Field(max_length=MAX_ARG_CHARS),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": r"^/[^\x00]*$"},
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = None
+    env: dict[str, Arg] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARS,
+        json_schema_extra={
+            "propertyNames": {
+                "pattern": _ENV_NAME.pattern,
+                "not": {"enum": list[JsonValue](sorted(RESERVED_ENV))},
+            }
+        },
+    )
     batch_size: int = Field(default=32, ge=1, le=_MAX_INT)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_batch_size: int | None = Field(default=None, le=_MAX_INT)
@@ -96,18 +204,35 @@ class JobSpec(BaseModel):
     @classmethod
     def _command(cls, v: Any) -> Any:
         if isinstance(v, str):
+            if len(v) > MAX_ARG_CHARS * 8:  # shlex is slow on huge lines: refuse them first
+                raise ValueError(f"command line longer than {MAX_ARG_CHARS * 8} characters")
             try:
                 return shlex.split(v)
             except ValueError as exc:
                 raise ValueError(f"cannot split command line: {exc}") from None
         return v
 
+    @field_validator("command", "args")
+    @classmethod
+    def _argv(cls, v: list[str] | None) -> list[str] | None:
+        for i, arg in enumerate(v or ()):
+            try:
+                exec_safe(arg)
+            except ValueError as exc:
+                raise ValueError(f"element {i} {exc}") from None
+        return v
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        return None if v is None else exec_safe(v)
+
     @field_validator("working_dir")
     @classmethod
     def _working_dir(cls, v: str | None) -> str | None:
         if v is not None and not os.path.isabs(v):
             raise ValueError(f"working_dir {v!r} is not absolute")
-        return v
+        return None if v is None else exec_safe(v)
 
     @field_validator("env")
     @classmethod
@@ -117,6 +242,11 @@ class JobSpec(BaseModel):
                 raise ValueError(f"invalid variable name {key!r}")
             if key in RESERVED_ENV:
                 raise ValueError(f"{key} is set by the controller")
+        for key, value in v.items():
+            try:
+                exec_safe(value)
+            except ValueError as exc:
+                raise ValueError(f"{key}: value {exc}") from None
         return v
 
     @field_validator("max_batch_size")
@@ -149,6 +279,13 @@ class JobSpec(BaseModel):
             raise ValueError("give exactly one of command or script")
         if self.command is not None and not self.command:
             raise ValueError("command is empty")
+        size = len(json.dumps(self.model_dump(), ensure_ascii=False).encode())
+        if size > MAX_SPEC_BYTES:
+            raise ValueError(
+                f"the spec takes {size} bytes as JSON, over the limit of {MAX_SPEC_BYTES} "
+                f"({MAX_SPEC_BYTES >> 10} KiB): keep long argument lists and data in a file "
+                "the job reads"
+            )
         return self
 
     # -- derived --------------------------------------------------------------------------
@@ -205,4 +342,16 @@ def parse_spec(data: Any) -> JobSpec:
         raise SpecError(f"invalid job spec: {fields}", details) from None
 
 
-__all__ = ["ACCEPTED", "RESERVED_ENV", "JobSpec", "load_spec_file", "parse_spec"]
+__all__ = [
+    "ACCEPTED",
+    "MAX_ARGS_ITEMS",
+    "MAX_ARG_CHARS",
+    "MAX_COMMAND_ITEMS",
+    "MAX_ENV_VARS",
+    "MAX_SPEC_BYTES",
+    "RESERVED_ENV",
+    "JobSpec",
+    "exec_safe",
+    "load_spec_file",
+    "parse_spec",
+]

@@ -18,8 +18,11 @@ it accepts. The contract (also used by the dashboard)::
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Depends
 
+from coadapt.controller.http_input import json_body
+from coadapt.controller.openapi import error_responses
+from coadapt.controller.openapi import json_body as body_schema
 from coadapt.controller.store import Tenant
 from coadapt.tune.store import Experiment, ExperimentState, Trial, TuneStore
 
@@ -84,7 +87,7 @@ def tune_router(
     on_change: Callable[[], None] = lambda: None,
 ) -> APIRouter:
     """The experiment routes; ``auth`` is the app's bearer-token dependency."""
-    from coadapt.tune.spec import parse_experiment
+    from coadapt.tune.spec import ExperimentSpec, parse_experiment
 
     router = APIRouter(prefix="/api/v1/experiments", tags=["experiments"])
     Auth = Annotated[Tenant, Depends(auth)]
@@ -95,8 +98,13 @@ def tune_router(
     def view(exp: Experiment) -> dict[str, Any]:
         return experiment_view(exp, names(), tune.trial_counts([exp.id])[exp.id])
 
-    @router.post("", status_code=201)
-    def submit(me: Auth, spec: Annotated[Any, Body()] = None) -> dict[str, Any]:
+    @router.post(
+        "",
+        status_code=201,
+        responses=error_responses(413),
+        openapi_extra=body_schema(ExperimentSpec, "the experiment spec (see docs/tune.md)"),
+    )
+    def submit(me: Auth, spec: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
         """Submit an experiment spec (JSON); 422 names every invalid field."""
         parsed = parse_experiment(spec)
         exp = tune.create_experiment(me, parsed.name, parsed.model_dump(mode="json"), clock())
@@ -122,7 +130,7 @@ def tune_router(
             "best_history": [[h[0], h[1]] for h in exp.best_history],
         }
 
-    @router.post("/{exp_id}/cancel")
+    @router.post("/{exp_id}/cancel", responses=error_responses(409))
     def cancel(exp_id: str, me: Auth) -> dict[str, Any]:
         """Cancel an experiment (409 if it already ended); its running trials are cancelled."""
         exp = tune.cancel_experiment(exp_id, me, clock())

@@ -14,19 +14,26 @@ checked after the types, in one pass that reports every broken rule at once.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from coadapt.controller.errors import SpecError
-from coadapt.controller.spec import parse_spec
+from coadapt.controller.spec import MAX_ARG_CHARS, JobSpec, exec_safe, parse_spec
+from coadapt.controller.specfile import read_spec_mapping
 
 #: An experiment name leaves room for the trial suffix ``-t<number>`` within a job name's 63.
 _EXP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
@@ -34,29 +41,34 @@ _EXP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 #: The largest grid the ``grid`` sampler enumerates (each point is one trial).
 MAX_GRID_POINTS = 100_000
+#: Size caps (the spec is stored with the experiment; choices become argv/env values).
+MAX_PARAMS = 256
+MAX_CHOICES = 10_000
+MAX_METRIC_CHARS = 256
 
 #: What each field accepts, quoted in every rejection that names it (keyed by the path's
 #: last component for parameter and early-stopping fields).
 ACCEPTED: dict[str, str] = {
     "name": "1-48 characters: letters, digits, '.', '_', '-' (starting with a letter or digit)",
-    "space": "a non-empty mapping of parameter names (letters, digits, '_', '.', '-', starting "
-    "with a letter or '_') to parameter specs",
+    "space": f"a non-empty mapping of at most {MAX_PARAMS} parameter names (letters, digits, "
+    "'_', '.', '-', starting with a letter or '_') to parameter specs",
     "type": "one of: float, int, categorical",
     "low": "a finite number <= high (> 0 with log: true; an integer for int parameters)",
     "high": "a finite number >= low (an integer for int parameters)",
     "log": "true or false (float/int only; needs low > 0; not with step)",
     "step": "a number > 0 that is not combined with log (an integer >= 1 for int parameters)",
-    "grid_points": "integer >= 2: how many points the grid sampler takes over a float range "
-    "without step (geometric with log: true)",
-    "choices": "a non-empty list of distinct strings, integers, floats or booleans "
-    "(categorical only)",
+    "grid_points": f"integer in [2, {MAX_GRID_POINTS}]: how many points the grid sampler takes "
+    "over a float range without step (geometric with log: true)",
+    "choices": f"a non-empty list of at most {MAX_CHOICES} distinct strings (at most "
+    f"{MAX_ARG_CHARS} characters, no NUL), integers, floats or booleans (categorical only)",
     "when": "a mapping of other categorical/int parameter names (no cycles) to non-empty lists "
     "of their values; the parameter exists only while every named parent takes one of them",
     "objective": "a mapping with metric (a reported metric name) and direction",
-    "metric": "the name of a metric the trial reports with coadapt.train.report",
+    "metric": "the name of a metric the trial reports with coadapt.train.report (at most "
+    f"{MAX_METRIC_CHARS} characters, no NUL)",
     "direction": "one of: maximize, minimize",
     "sampler": "one of: random, grid, tpe, gp-ei",
-    "seed": "an integer, or null for a random seed",
+    "seed": "an integer in [0, 2^32), or null for a random seed",
     "parallelism": "integer >= 1 (trials running at once)",
     "max_trials": "integer >= 1, or null; give at least one of max_trials, max_time_s or target",
     "max_time_s": "number > 0 (seconds), or null; give at least one of max_trials, max_time_s "
@@ -85,16 +97,63 @@ class ParamSpec(BaseModel):
     only in trials where each named parent parameter takes one of the listed values.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            # What the semantic pass requires of each type (low <= high, distinct choices and
+            # the parents of ``when`` are checked there, not expressible here).
+            "anyOf": [
+                {
+                    "properties": {"type": {"const": "categorical"}, "choices": {"minItems": 1}},
+                    "required": ["type", "choices"],
+                },
+                {
+                    "properties": {"type": {"enum": ["float", "int"]}},
+                    "required": ["type", "low", "high"],
+                },
+            ]
+        },
+    )
 
     type: Literal["float", "int", "categorical"]
     low: float | None = None
     high: float | None = None
     log: bool = False
     step: float | None = None
-    grid_points: int | None = None
-    choices: list[str | bool | int | float] | None = None
-    when: dict[str, list[str | bool | int | float]] | None = None
+    grid_points: int | None = Field(default=None, le=MAX_GRID_POINTS)
+    choices: list[str | bool | int | float] | None = Field(default=None, max_length=MAX_CHOICES)
+    when: dict[str, list[str | bool | int | float]] | None = Field(
+        default=None, max_length=MAX_PARAMS
+    )
+
+    @field_validator("choices")
+    @classmethod
+    def _choices(cls, v: list[Any] | None) -> list[Any] | None:
+        # String choices are appended to the trial's argv and environment.
+        for i, c in enumerate(v or ()):
+            if isinstance(c, str):
+                if len(c) > MAX_ARG_CHARS:
+                    raise ValueError(f"choice {i} is longer than {MAX_ARG_CHARS} characters")
+                try:
+                    exec_safe(c)
+                except ValueError as exc:
+                    raise ValueError(f"choice {i} {exc}") from None
+        return v
+
+    def grid_size(self) -> int:
+        """How many values :meth:`grid_values` yields, computed without listing them."""
+        if self.type == "categorical":
+            return len(self.choices or [])
+        assert self.low is not None and self.high is not None
+        if self.step is None and self.grid_points is not None:
+            return self.grid_points
+        if self.type == "int":
+            return max(0, (int(self.high) - int(self.low)) // int(self.step or 1) + 1)
+        if self.step is None:
+            return 0
+        n = (self.high - self.low) / self.step
+        return math.floor(n + 1e-9) + 1 if n <= MAX_GRID_POINTS else MAX_GRID_POINTS + 1
 
     def grid_values(self) -> list[Any]:
         """The values the ``grid`` sampler enumerates (validated specs only)."""
@@ -138,7 +197,13 @@ class Objective(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metric: str = Field(min_length=1)
+    metric: str = Field(min_length=1, max_length=MAX_METRIC_CHARS)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        return exec_safe(v)
+
     direction: Literal["maximize", "minimize"] = "maximize"
 
 
@@ -166,16 +231,44 @@ class EarlyStopping(BaseModel):
     min_points: int = Field(default=3, ge=3)
 
 
+def _trial_schema() -> dict[str, Any]:
+    """The trial template's JSON Schema: a job spec whose ``name`` is optional (set per trial).
+
+    Derived from :class:`~coadapt.controller.spec.JobSpec`, which validates the template.
+    """
+    schema = copy.deepcopy(JobSpec.model_json_schema())
+    schema["required"] = [f for f in schema.get("required", []) if f != "name"]
+    schema["title"] = "TrialTemplate"
+    schema["description"] = ACCEPTED["trial"]
+    return schema
+
+
 class ExperimentSpec(BaseModel):
-    """One tuning experiment, as submitted (see ``docs/tune.md``)."""
+    """One tuning experiment, as submitted (see ``docs/tune.md``).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Also the OpenAPI schema of ``POST /api/v1/experiments``; rules across fields are checked
+    after the types (:func:`_semantic_errors`) and quoted in :data:`ACCEPTED`.
+    """
 
-    name: str
-    space: dict[str, ParamSpec]
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "anyOf": [
+                {"required": [k], "properties": {k: {"not": {"type": "null"}}}}
+                for k in ("max_trials", "max_time_s", "target")
+            ]
+        },
+    )
+
+    name: str = Field(json_schema_extra={"pattern": _EXP_NAME.pattern})
+    space: dict[str, ParamSpec] = Field(
+        max_length=MAX_PARAMS,
+        json_schema_extra={"minProperties": 1, "propertyNames": {"pattern": _PARAM_NAME.pattern}},
+    )
     objective: Objective
     sampler: Literal["random", "grid", "tpe", "gp-ei"] = "tpe"
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
     parallelism: int = Field(default=1, ge=1, le=4096)
     max_trials: int | None = Field(default=None, ge=1)
     max_time_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -184,7 +277,7 @@ class ExperimentSpec(BaseModel):
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
     max_retries: int = Field(default=2, ge=0, le=100)
     dead_after_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
-    trial: dict[str, Any]
+    trial: Annotated[dict[str, Any], WithJsonSchema(_trial_schema())]
     params_as: Literal["args", "env", "both"] = "args"
 
     @model_validator(mode="after")
@@ -228,6 +321,8 @@ class ExperimentSpec(BaseModel):
         points: list[dict[str, Any]] = [{}]
         for name in self.order():
             p = self.space[name]
+            if len(points) * p.grid_size() > MAX_GRID_POINTS:
+                raise _grid_too_large(name)
             values = p.grid_values()
             nxt: list[dict[str, Any]] = []
             for point in points:
@@ -237,17 +332,21 @@ class ExperimentSpec(BaseModel):
                     nxt.append(point)
             points = nxt
             if len(points) > MAX_GRID_POINTS:
-                raise SpecError(
-                    f"the grid has more than {MAX_GRID_POINTS} points",
-                    [
-                        {
-                            "field": f"space.{name}",
-                            "message": "grid too large",
-                            "accepted": f"at most {MAX_GRID_POINTS} grid points in all",
-                        }
-                    ],
-                )
+                raise _grid_too_large(name)
         return points
+
+
+def _grid_too_large(name: str) -> SpecError:
+    return SpecError(
+        f"the grid has more than {MAX_GRID_POINTS} points",
+        [
+            {
+                "field": f"space.{name}",
+                "message": "grid too large",
+                "accepted": f"at most {MAX_GRID_POINTS} grid points in all",
+            }
+        ],
+    )
 
 
 def _member(value: Any, values: list[Any]) -> bool:
@@ -596,17 +695,7 @@ def load_experiment_file(path: str | Path) -> ExperimentSpec:
     against that folder when relative), as with ``coadapt submit``'s job specs.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read {p}: {exc.strerror}") from None
-    kind = "JSON" if p.suffix == ".json" else "YAML"
-    try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise SpecError(f"{p}: not valid {kind}: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: an experiment spec must be a mapping of fields")
+    data = read_spec_mapping(p, "an experiment spec")
     trial = data.get("trial")
     if isinstance(trial, dict):
         base = p.resolve().parent
