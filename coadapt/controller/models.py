@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -72,6 +73,9 @@ class JobRow(Base):
     # node name -> replicas: what the current attempt holds / what the policy chose last
     allocation: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     desired_allocation: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    # learned after an out-of-memory failure (migration 0004): {"max_local_bsz": cap,
+    # "oom_local_bsz": the per-replica batch that failed, "ooms": how many so far}
+    memory_limit: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
 
 
 class ReplicaRow(Base):
@@ -92,6 +96,7 @@ class ReplicaRow(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    oom: Mapped[bool] = mapped_column(Boolean, server_default=false())  # ended for lack of memory
 
 
 class EventRow(Base):

@@ -81,11 +81,15 @@ def goodput_model(job: Job) -> GoodputModel | None:
     return GoodputModel(perf, GradParams(*g), int(job.spec.get("batch_size", 1)))
 
 
-def batch_limits(spec: JobSpec) -> BatchLimits:
+def batch_limits(spec: JobSpec, learned_max_local_bsz: int | None = None) -> BatchLimits:
+    """The job's batch bounds: its spec's, and the per-replica cap learned after an OOM (the
+    policy's goodput model then never counts on a micro-batch that did not fit; larger total
+    batches stay possible through accumulation, as the job itself does)."""
+    caps = [c for c in (spec.max_local_bsz, learned_max_local_bsz) if c is not None]
     return BatchLimits(
         init_batch_size=spec.batch_size,
         max_batch_size=max(spec.effective_max_batch, spec.batch_size),
-        max_local_bsz=spec.max_local_bsz,
+        max_local_bsz=min(caps) if caps else None,
         pinned_batch=spec.pinned_batch,
     )
 
@@ -119,7 +123,7 @@ def _step_time(model: GoodputModel | None, limits: BatchLimits) -> Callable[[int
 def job_info(job: Job, slots: int) -> JobInfo:
     spec = job.job_spec
     model = goodput_model(job)
-    limits = batch_limits(spec)
+    limits = batch_limits(spec, job.max_local_bsz)
     max_replicas = max(1, min(spec.max_replicas, slots))
     return JobInfo(
         name=job.id,
@@ -174,7 +178,7 @@ def speedup(job: Job, replicas: int) -> float | None:
     model = goodput_model(job)
     if model is None or replicas <= 0:
         return None
-    limits = batch_limits(job.job_spec)
+    limits = batch_limits(job.job_spec, job.max_local_bsz)
     pair = model.optimize(np.array([1, 1]), np.array([1, replicas]), limits).goodput
     base = float(pair[0])
     return float(pair[1]) / base if base > 0 else None

@@ -88,6 +88,14 @@ class Job:
     # rows written by a single-node controller: see :meth:`held` and :meth:`wanted`)
     allocation: dict[str, int] | None = None
     desired_allocation: dict[str, int] | None = None
+    # what an out-of-memory failure taught: {"max_local_bsz", "oom_local_bsz", "ooms"}
+    memory_limit: dict[str, int] | None = None
+
+    @property
+    def max_local_bsz(self) -> int | None:
+        """The per-replica batch cap learned from out-of-memory failures (None: none yet)."""
+        cap = (self.memory_limit or {}).get("max_local_bsz")
+        return int(cap) if isinstance(cap, int) and cap >= 1 else None
 
     @property
     def job_spec(self) -> JobSpec:
@@ -127,6 +135,7 @@ class Replica:
     started_at: float
     ended_at: float | None
     node: str = "local"
+    oom: bool = False  # ended for lack of memory (OOM killer or the library's OOM exit)
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,9 @@ class Metric:
 
 
 _JOB_FIELDS = frozenset(f.name for f in fields(Job)) - {"id", "tenant_id", "spec", "state"}
-_REPLICA_FIELDS = frozenset({"status", "pid", "start_ticks", "exit_code", "reason", "ended_at"})
+_REPLICA_FIELDS = frozenset(
+    {"status", "pid", "start_ticks", "exit_code", "reason", "ended_at", "oom"}
+)
 
 
 def _job(row: JobRow) -> Job:
@@ -179,6 +190,7 @@ def _job(row: JobRow) -> Job:
         desired_allocation=(
             dict(row.desired_allocation) if row.desired_allocation is not None else None
         ),
+        memory_limit=dict(row.memory_limit) if row.memory_limit is not None else None,
     )
 
 
@@ -199,6 +211,7 @@ def _replica(row: ReplicaRow) -> Replica:
         started_at=row.started_at,
         ended_at=row.ended_at,
         node=row.node,
+        oom=bool(row.oom),
     )
 
 

@@ -9,7 +9,8 @@ algorithm (:mod:`coadapt.policies.pollux_ga`), so both maximise exactly the same
   fair GPU count; ``"spread"`` uses as few real nodes as hold them. Packed measured better in
   the trace replay (0.782 h vs 0.789 h average JCT over the eight artifact workloads);
 * multiplied by the re-allocation factor ``(T_j - R_j δ) / (T_j + δ)`` when ``A_j`` differs
-  from the job's current allocation;
+  from the job's current allocation (at least ``PENDING_FACTOR_FLOOR`` for a job holding no
+  GPUs, so a job that just retried is never priced at zero while GPUs sit idle);
 * ``FITNESS_p = ((1/J) Σ_j (SPEEDUP_j + ε)^p)^(1/p)`` over running *and* pending jobs, eq. 15
   (ε keeps a job with no GPUs finite when p < 0; p = 0 is the geometric mean).
 
@@ -30,6 +31,8 @@ from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
+# The least re-allocation factor of a job that holds no GPUs (see PolluxProblem.__init__).
+PENDING_FACTOR_FLOOR = 1e-6
 
 
 def _limits_for(job: JobInfo) -> BatchLimits:
@@ -95,6 +98,14 @@ class PolluxProblem:
             factors.append(max(age - job.num_restarts * delta, 0.0) / denom if denom > 0 else 0.0)
         self.realloc_factor: FloatArray = np.array(factors, dtype=np.float64)
         self.base: IntArray = self._base_state()
+        # A job that holds nothing pays its start whenever it starts: waiting saves it no
+        # restart, so a zero factor (age < R·δ, e.g. right after a retry) must not price it
+        # at zero speedup, which would leave free GPUs idle while it waits (issue 13.3).
+        # The floor is tiny: it can only matter where the factor would otherwise be zero.
+        idle = self.base.sum(axis=1) == 0
+        self.realloc_factor = np.where(
+            idle, np.maximum(self.realloc_factor, PENDING_FACTOR_FLOOR), self.realloc_factor
+        )
 
     def _compact_shapes(self, cap: int) -> tuple[IntArray, IntArray]:
         """(nodes, GPUs) the search mostly asks about: K GPUs on the fewest nodes, and on one

@@ -16,9 +16,11 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,7 +28,10 @@ import torch
 import torch.distributed as dist
 
 from coadapt.train.checkpoint import load_checkpoint, save_checkpoint
+from coadapt.train.memory import effective_cap, exit_for_oom, is_oom, read_limit
 from coadapt.train.metrics import MetricsSink
+
+_SHUTDOWN_BARRIER_S = 10.0  # how long shutdown waits for the other ranks
 
 
 class TrainConfigError(ValueError):
@@ -46,6 +51,24 @@ def _env_int(env: dict[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise TrainConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _env_float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise TrainConfigError(f"environment variable {name}={raw!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise TrainConfigError(f"environment variable {name}={raw!r} must be a finite number >= 0")
+    return value
+
+
+# Periodic checkpoints by default: at most this many seconds of work are lost to a crash
+# (stretched so that checkpointing costs at most CHECKPOINT_BUDGET of the time; docs/train.md).
+DEFAULT_CHECKPOINT_INTERVAL = 120.0
 
 
 BATCH_MODES = ("adaptive", "fixed_batch", "fixed")
@@ -71,6 +94,10 @@ class TrainEnv:
     # at the submitted batch, as those policies assume.
     batch_mode: str = "adaptive"
     checkpoint_every: int = 0  # COADAPT_CHECKPOINT_EVERY: also checkpoint every N steps
+    # COADAPT_CHECKPOINT_INTERVAL: seconds between periodic checkpoints (0 = none)
+    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
+    # COADAPT_MAX_LOCAL_BSZ: the controller's learned per-replica batch cap (after an OOM)
+    max_local_bsz: int | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> TrainEnv:
@@ -90,6 +117,9 @@ class TrainEnv:
                 f"COADAPT_BATCH_MODE={mode!r} is not one of {', '.join(BATCH_MODES)}"
             )
         ckpt = env.get("COADAPT_CHECKPOINT_DIR") or None
+        cap = _env_int(env, "COADAPT_MAX_LOCAL_BSZ", 0) or None
+        if cap is not None and cap < 1:
+            raise TrainConfigError(f"COADAPT_MAX_LOCAL_BSZ must be >= 1, got {cap}")
         mfile = env.get("COADAPT_METRICS_FILE") or None
         return cls(
             rank=rank,
@@ -105,6 +135,10 @@ class TrainEnv:
             restarts=_env_int(env, "COADAPT_RESTARTS", 0),
             batch_mode=mode,
             checkpoint_every=_env_int(env, "COADAPT_CHECKPOINT_EVERY", 0),
+            checkpoint_interval=_env_float(
+                env, "COADAPT_CHECKPOINT_INTERVAL", DEFAULT_CHECKPOINT_INTERVAL
+            ),
+            max_local_bsz=cap,
         )
 
 
@@ -142,6 +176,7 @@ class TrainingContext:
         self.start_time = time.time()
         self._states: dict[str, Stateful] = {}
         self._owns_group = False
+        self._previous_hook = sys.excepthook
         if env.world_size > 1 and not dist.is_initialized():
             backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
@@ -157,6 +192,14 @@ class TrainingContext:
             load_checkpoint(env.checkpoint_dir) if env.checkpoint_dir is not None else None
         )
         self.metrics = self._make_sink()
+        learned = read_limit(env.checkpoint_dir)
+        # The per-replica batch cap learned from out-of-memory failures (controller's or ours).
+        self.memory_cap: int | None = effective_cap(
+            env.max_local_bsz, learned.max_local_bsz if learned else None
+        )
+        # The per-replica batch in flight, for the OOM record (set by the data loader).
+        self.local_batch: Callable[[], int] | None = None
+        self.last_save_seconds: float | None = None  # how long the last checkpoint took
 
     def _make_sink(self) -> MetricsSink:
         base = {"job_id": self.env.job_id, "rank": self.env.rank, "restarts": self.env.restarts}
@@ -211,6 +254,7 @@ class TrainingContext:
     def save(self) -> Path | None:
         """Checkpoint every registered object (rank 0 writes; all ranks then agree)."""
         path: Path | None = None
+        started = time.perf_counter()
         if self.env.checkpoint_dir is not None and self.rank == 0:
             payload = {
                 "states": {k: v.state_dict() for k, v in self._states.items()},
@@ -221,7 +265,23 @@ class TrainingContext:
             path = save_checkpoint(self.env.checkpoint_dir, payload)
         if self.distributed:
             dist.barrier()
+        self.last_save_seconds = time.perf_counter() - started
         return path
+
+    # -- out of memory --------------------------------------------------------------------
+    def exit_for_oom(self, exc: BaseException) -> None:
+        """Record the per-replica batch that did not fit and exit with OOM_EXIT_CODE."""
+        failed = self.local_batch() if self.local_batch is not None else 0
+        exit_for_oom(exc, self.env.checkpoint_dir, failed, self.metrics.emit, self.metrics.close)
+
+    def _excepthook(
+        self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        """An OOM anywhere in the user's loop (not only inside the model) is an OOM exit."""
+        if is_oom(exc) and self.local_batch is not None:
+            sys.__excepthook__(kind, exc, tb)
+            self.exit_for_oom(exc)
+        self._previous_hook(kind, exc, tb)
 
     # -- stopping -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -235,6 +295,8 @@ class TrainingContext:
         # Outside the main thread this fails: the caller must request_stop() itself.
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous_hook = sys.excepthook
+        sys.excepthook = self._excepthook
 
     def exit_for_rescale(self) -> None:
         """Checkpoint, report, leave the process group and exit with status 0."""
@@ -247,8 +309,18 @@ class TrainingContext:
         self.metrics.emit("metric", name=name, value=float(value), step=step)
 
     def shutdown(self) -> None:
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_hook
         self.metrics.close()
         if self._owns_group and dist.is_initialized():
+            # Every rank arrives before any tears its sockets down: a peer that closed first
+            # could fail a gloo thread still reading from it (C++ terminate at exit, seen
+            # under load).
+            # Bounded: a peer that died must not hold this rank's exit.
+            with contextlib.suppress(RuntimeError):
+                work = dist.barrier(async_op=True)
+                if work is not None:
+                    work.wait(timeout=timedelta(seconds=_SHUTDOWN_BARRIER_S))
             dist.destroy_process_group()
             self._owns_group = False
 

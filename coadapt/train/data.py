@@ -77,6 +77,13 @@ class AdaptiveDataLoader:
         if self.size < 1:
             raise TrainConfigError("the dataset is empty")
         self.ctx = context if context is not None else current()
+        # A per-replica cap learned from an out-of-memory failure wins over the user's: the
+        # total batch is kept with more accumulation steps (coadapt.train.memory).
+        cap = self.ctx.memory_cap
+        if cap is not None:
+            max_local_bsz = cap if max_local_bsz is None else min(max_local_bsz, cap)
+            min_local_bsz = min(min_local_bsz, max_local_bsz)
+        self.memory_cap = cap
         self.init_batch_size = batch_size
         self.max_batch_size = pinned_batch_size or max_batch_size or batch_size
         self.max_local_bsz = max_local_bsz
@@ -114,8 +121,10 @@ class AdaptiveDataLoader:
         self._perm_epoch = -1
         self._perm: np.ndarray = np.zeros(0, dtype=np.int64)
         self._getitems = getattr(dataset, "__getitems__", None)
+        self.ctx.local_batch = lambda: self.step_local_bsz
         restored = self.ctx.register(name, self)
-        if restored and self._saved_replicas != self.replicas:
+        too_big = max_local_bsz is not None and self.local_bsz > max_local_bsz
+        if restored and (self._saved_replicas != self.replicas or too_big):
             total = self._saved_total
             self.local_bsz, self.accum_steps = split_batch(
                 max(total, self.replicas), self.replicas, max_local_bsz

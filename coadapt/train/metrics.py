@@ -1,25 +1,45 @@
 """The job → controller metrics channel (profiles, φ, chosen batch, loss, progress).
 
-Training must never wait for, or die because of, the metrics endpoint: records go into a
-bounded queue drained by one daemon thread, which POSTs JSON to ``COADAPT_METRICS_URL`` or
-appends JSON lines to a file. When the queue is full the newest record is dropped and counted.
-``emit`` is O(1) on the training thread (a tuple into the queue); building the record, JSON
-encoding and I/O all happen on the drain thread, which keeps the file open and writes what
-has queued up in one go.
+Training must never wait for, or die because of, the metrics endpoint: records are handed to
+one daemon thread, which POSTs JSON to ``COADAPT_METRICS_URL`` or appends JSON lines to a
+file. ``emit`` is O(1) on the training thread (a tuple into a buffer); building the record,
+JSON encoding and I/O all happen on the drain thread.
+
+Two kinds of record, because they fail differently under load:
+
+- *state* records (``progress``, ``goodput``: the job's latest figures, each superseding the
+  last) are coalesced: the channel keeps only the newest of each kind and sends it at most
+  every ``state_interval`` seconds, and always at :meth:`MetricsSink.close`. However fast the
+  job steps and however slow the controller, the last step reaches it (a FIFO of every
+  record fell behind a busy controller, dropped the newest records when full and lost the
+  backlog at exit: a finished job showed step 6420 while its log reached 8100). A state
+  record that fails to send is kept for the next try unless a newer one replaced it.
+- *event* records (``metric``, ``batch``, ``first_step``, ``stopped``...) are each sent, in
+  order, promptly; when their bounded queue is full the newest is dropped and counted.
+
+Records of both kinds go out in the order they were emitted. :meth:`close` runs at
+interpreter exit too (``atexit``), so a script that never calls ``ct.shutdown()`` still sends
+its final figures.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
 import math
-import queue
 import threading
 import time
 import urllib.request
+import weakref
+from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
-_STOP = object()
+#: Record kinds where only the newest matters (the controller keeps the latest figures).
+STATE_KINDS = frozenset({"progress", "goodput", "checkpoint"})
+
+_Item = tuple[int, str, float, dict[str, Any]]  # (sequence, kind, time, fields)
 
 
 def _jsonable(value: Any) -> Any:
@@ -35,6 +55,12 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _close_at_exit(ref: weakref.ref[MetricsSink]) -> None:
+    sink = ref()
+    if sink is not None:
+        sink.close()
+
+
 class MetricsSink:
     """Non-blocking writer of metric records to an HTTP endpoint or a JSON-lines file."""
 
@@ -45,30 +71,46 @@ class MetricsSink:
         maxsize: int = 1000,
         timeout_s: float = 2.0,
         base: dict[str, Any] | None = None,
+        state_interval: float = 0.5,
     ) -> None:
         self.url = url
         self.path = Path(path) if path is not None else None
         self.timeout_s = timeout_s
         self.base = dict(base or {})
+        self.state_interval = state_interval
+        self.maxsize = maxsize
         self.dropped = 0
         self.failed = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=maxsize)
+        self.sent = 0
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._events: deque[_Item] = deque()
+        self._latest: dict[str, _Item] = {}
         self._thread: threading.Thread | None = None
         if url is not None or self.path is not None:
             self._thread = threading.Thread(target=self._drain, name="coadapt-metrics", daemon=True)
             self._thread.start()
+            atexit.register(_close_at_exit, weakref.ref(self))
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Queue one record; never blocks and never raises."""
         if self._thread is None:
             return
-        try:
-            self._queue.put_nowait((kind, time.time(), fields))
-        except queue.Full:
-            self.dropped += 1
+        item = (next(self._seq), kind, time.time(), fields)
+        with self._lock:
+            if kind in STATE_KINDS:
+                self._latest[kind] = item  # supersedes the unsent one: nothing to wake for
+                return
+            if len(self._events) >= self.maxsize:
+                self.dropped += 1
+                return
+            self._events.append(item)
+        self._wake.set()
 
-    def _encode(self, item: tuple[str, float, dict[str, Any]]) -> str:
-        kind, when, fields = item
+    def _encode(self, item: _Item) -> str:
+        _, kind, when, fields = item
         record = {**self.base, "kind": kind, "time": when, **fields}
         return json.dumps(_jsonable(record), allow_nan=False)
 
@@ -84,54 +126,70 @@ class MetricsSink:
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
             resp.read()
 
+    def _take(self, with_states: bool) -> list[_Item]:
+        """Everything queued (and the latest states if due), in emission order."""
+        with self._lock:
+            items = list(self._events)
+            self._events.clear()
+            if with_states:
+                items += self._latest.values()
+                self._latest.clear()
+        return sorted(items)
+
+    def _requeue_state(self, item: _Item) -> None:
+        with self._lock:
+            newer = self._latest.get(item[1])
+            if newer is None or newer[0] < item[0]:
+                self._latest[item[1]] = item
+
     def _drain(self) -> None:
         fh: IO[str] | None = None
+        next_state = time.monotonic()
         try:
             while True:
-                items = [self._queue.get()]
-                while True:  # take everything already queued: one write and flush for all
-                    try:
-                        items.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
+                self._wake.wait(self.state_interval)
+                self._wake.clear()
+                closing = self._closing
+                states_due = closing or time.monotonic() >= next_state
+                items = self._take(states_due)
+                if states_due:
+                    next_state = time.monotonic() + self.state_interval
                 lines = []
                 for item in items:
-                    if item is _STOP:
-                        continue
                     try:
                         data = self._encode(item)
                         if self.url is not None:
                             self._post(data)
+                            self.sent += 1
                         else:
                             lines.append(data + "\n")
                     except Exception:  # the channel is best effort: count and carry on
                         self.failed += 1
+                        if item[1] in STATE_KINDS and not closing:
+                            self._requeue_state(item)
                 if lines and self.path is not None:
                     try:
                         if fh is None:
                             fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
                         fh.write("".join(lines))
                         fh.flush()
+                        self.sent += len(lines)
                     except Exception:
                         self.failed += len(lines)
-                for _ in items:
-                    self._queue.task_done()
-                if any(item is _STOP for item in items):
-                    return
+                if closing:
+                    with self._lock:
+                        if not self._events and not self._latest:
+                            return
         finally:
             if fh is not None:
                 fh.close()
 
-    def close(self, timeout_s: float = 2.0) -> None:
-        """Flush what is queued (bounded by ``timeout_s``) and stop the thread."""
-        if self._thread is None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is pending (bounded by ``timeout_s``) and stop the thread."""
+        thread = self._thread
+        if thread is None:
             return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                self._queue.put(_STOP, timeout=max(deadline - time.monotonic(), 0.01))
-                break
-            except queue.Full:
-                continue
-        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        self._closing = True
+        self._wake.set()
+        thread.join(timeout_s)
         self._thread = None

@@ -16,7 +16,11 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
   optimizer step only, so any user LR scheduler composes with it;
 * records (nodes, K, m, s, T_iter, T_grad) and every ``retune_every`` steps and at epoch
   boundaries fits θ_sys and picks (m, s) by eq. 14, adopting it only when ``should_adopt``;
-* on SIGTERM, checkpoints at this step boundary and exits 0.
+* on SIGTERM, checkpoints at this step boundary and exits 0; every ``checkpoint_interval``
+  seconds (default 120, stretched so a checkpoint costs ≤ 2% of the time between them) and
+  every ``checkpoint_every`` steps it checkpoints too, so a crash loses little;
+* out of memory, records the per-replica batch that did not fit and exits with
+  OOM_EXIT_CODE (see :mod:`coadapt.train.memory`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from coadapt.goodput import (
 from coadapt.train.context import TrainConfigError
 from coadapt.train.data import AdaptiveDataLoader
 from coadapt.train.gns import GradNoiseEMA, estimate
+from coadapt.train.memory import is_oom
 from coadapt.train.profile import Profile
 
 _ADAPTIVE = (
@@ -59,6 +64,13 @@ _ADAPTIVE = (
 _PRECONDITIONED = (torch.optim.Adam, torch.optim.AdamW)
 _WARMUP_STEPS = 3  # steps after a start or batch change that are not profiled
 _MIN_MEASUREMENTS = 8  # noise measurements before the batch size may change
+# Periodic checkpoints may cost at most this fraction of the time between them (issue 13.2),
+CHECKPOINT_BUDGET = 0.02
+# and come often enough that a crash loses at most this share of the training time so far
+# (a young job checkpoints every few seconds, a long one every ``checkpoint_interval``),
+CHECKPOINT_LOSS_SHARE = 0.02
+# but never more often than this (seconds): a cheap checkpoint still writes a file.
+CHECKPOINT_MIN_GAP = 1.0
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
@@ -85,6 +97,7 @@ class AdaptiveModel:
         name: str = "model",
         ddp_kwargs: dict[str, Any] | None = None,
         checkpoint_every: int | None = None,
+        checkpoint_interval: float | None = None,
     ) -> None:
         if retune_every < 1 or measure_every < 2 or report_every < 1:
             raise TrainConfigError("need retune_every >= 1, measure_every >= 2, report_every >= 1")
@@ -97,6 +110,15 @@ class AdaptiveModel:
         # Periodic checkpoints bound the work lost when a node dies without a SIGTERM. Counted
         # in optimizer steps, which every rank agrees on, so no extra collective is needed.
         self.checkpoint_every = checkpoint_every
+        if checkpoint_interval is None:
+            checkpoint_interval = loader.ctx.env.checkpoint_interval
+        if not 0 <= checkpoint_interval < math.inf:
+            raise TrainConfigError(
+                f"checkpoint_interval must be seconds >= 0 (0 = none), got {checkpoint_interval}"
+            )
+        # ... and by time, on by default: rank 0 decides when one is due and the decision
+        # rides the all-reduced stop flag, so every rank saves at the same step.
+        self.checkpoint_interval = float(checkpoint_interval)
         self.ctx = loader.ctx
         self.loader = loader
         self.module = module.to(self.ctx.device)
@@ -125,10 +147,13 @@ class AdaptiveModel:
         self._local_sq: torch.Tensor | None = None
         self._global_parts: list[torch.Tensor] = []
         self._extra: torch.Tensor | None = None
-        self._flags: dict[bool, torch.Tensor] = {}
+        self._flags: dict[tuple[bool, bool], torch.Tensor] = {}
         self._warmup = _WARMUP_STEPS
         self._stop_pending = False
         self._save_pending = False
+        self._last_save = time.monotonic()
+        self._started = time.monotonic()
+        self._trained_before = 0.0  # training seconds of earlier attempts (from the checkpoint)
         self._stepped = False
         self._last_epoch = loader.epoch
         self._saved_replicas = self._replicas
@@ -150,11 +175,43 @@ class AdaptiveModel:
         if self._save_pending:  # at the boundary, like a stop: the state after the last step
             self._save_pending = False
             self.ctx.save()
-        if self.ddp is not None:
-            # DDP all-reduces only on the last micro-batch of an optimizer step.
-            self.ddp.require_backward_grad_sync = self.loader.is_sync_step
-            return self.ddp(*args, **kwargs)
-        return self.module(*args, **kwargs)
+            self._last_save = time.monotonic()
+            self.ctx.metrics.emit("checkpoint", step=self.steps, seconds=self.ctx.last_save_seconds)
+        try:
+            if self.ddp is not None:
+                # DDP all-reduces only on the last micro-batch of an optimizer step.
+                self.ddp.require_backward_grad_sync = self.loader.is_sync_step
+                return self.ddp(*args, **kwargs)
+            return self.module(*args, **kwargs)
+        except Exception as exc:
+            if is_oom(exc):
+                self.ctx.exit_for_oom(exc)
+            raise
+
+    @property
+    def trained_seconds(self) -> float:
+        """Wall time this job has trained, over all its attempts."""
+        return self._trained_before + time.monotonic() - self._started
+
+    @property
+    def checkpoint_period(self) -> float:
+        """Seconds between periodic checkpoints (0: off, or no checkpoint directory).
+
+        A crash should cost at most CHECKPOINT_LOSS_SHARE of the training so far, so the
+        period grows with the job's age from CHECKPOINT_MIN_GAP up to ``checkpoint_interval``;
+        and a checkpoint should cost at most CHECKPOINT_BUDGET of the time between two, so the
+        period never drops below the measured save time / CHECKPOINT_BUDGET (that rule wins).
+        """
+        if self.checkpoint_interval <= 0 or self.ctx.env.checkpoint_dir is None:
+            return 0.0
+        by_age = max(CHECKPOINT_MIN_GAP, CHECKPOINT_LOSS_SHARE * self.trained_seconds)
+        cost = self.ctx.last_save_seconds or 0.0
+        return max(min(self.checkpoint_interval, by_age), cost / CHECKPOINT_BUDGET)
+
+    def _checkpoint_due(self) -> bool:
+        """Rank 0's verdict (the others follow it through the all-reduced flag)."""
+        period = self.checkpoint_period
+        return period > 0 and time.monotonic() - self._last_save >= period
 
     def train(self, mode: bool = True) -> AdaptiveModel:
         self.module.train(mode)
@@ -248,10 +305,12 @@ class AdaptiveModel:
             self._local_sq = sq if self._local_sq is None else self._local_sq + sq
         if bucket.is_last():
             stop = self.ctx.stop_requested
+            save = self.ctx.rank == 0 and self._checkpoint_due()
+            flag = self._flag(stop, save, buf)
             if measure and self._local_sq is not None:
-                extra = torch.stack([self._local_sq.to(buf.dtype), self._flag(stop, buf)[1]])
+                extra = torch.cat([self._local_sq.to(buf.dtype).reshape(1), flag[1:]])
             else:
-                extra = self._flag(stop, buf)
+                extra = flag
             self._local_sq = None
             n = buf.numel()
             send = torch.cat([buf, extra]).div_(world)
@@ -278,12 +337,13 @@ class AdaptiveModel:
 
         return fut.then(done)
 
-    def _flag(self, stop: bool, like: torch.Tensor) -> torch.Tensor:
-        """The cached [0, stop] pair in the bucket's dtype and device (no per-step alloc)."""
-        flag = self._flags.get(stop)
+    def _flag(self, stop: bool, save: bool, like: torch.Tensor) -> torch.Tensor:
+        """The cached [0, stop, save] triple in the bucket's dtype and device (no per-step
+        allocation)."""
+        flag = self._flags.get((stop, save))
         if flag is None or flag.dtype != like.dtype or flag.device != like.device:
-            flag = self._flags[stop] = torch.tensor(
-                [0.0, 1.0 if stop else 0.0], dtype=like.dtype, device=like.device
+            flag = self._flags[(stop, save)] = torch.tensor(
+                [0.0, float(stop), float(save)], dtype=like.dtype, device=like.device
             )
         return flag
 
@@ -292,8 +352,17 @@ class AdaptiveModel:
         """Backward one micro-batch; on the sync micro-batch also step the optimizer.
 
         Returns True when an optimizer step happened. May not return at all: after SIGTERM
-        it checkpoints and exits with status 0 at this step boundary (in the next forward).
+        it checkpoints and exits with status 0 at this step boundary (in the next forward);
+        out of memory it records the batch that did not fit and exits with OOM_EXIT_CODE.
         """
+        try:
+            return self._step(loss)
+        except Exception as exc:
+            if is_oom(exc):
+                self.ctx.exit_for_oom(exc)
+            raise
+
+    def _step(self, loss: torch.Tensor) -> bool:
         loader = self.loader
         s = loader.accum_steps
         sync = loader.is_sync_step
@@ -311,8 +380,9 @@ class AdaptiveModel:
             return False
         stop = self.ctx.stop_requested
         if self.ddp is not None:
-            stop = self._measure_distributed()
+            stop, save = self._measure_distributed()
         else:
+            save = self._checkpoint_due()
             self._measure_single()
         self._optimizer_step()
         loader.commit_step()
@@ -330,9 +400,11 @@ class AdaptiveModel:
                 "first_step", step=self.steps, replicas=self._replicas, batch_size=loader.batch_size
             )
         if self.steps % self.report_every == 0:
-            self.last_loss = float(loss.detach())
-            self._emit_progress()
-        if self.checkpoint_every and self.steps % self.checkpoint_every == 0:
+            self.last_loss = float(loss.detach())  # a device sync: only every report_every
+        # Every step: the sink keeps only the newest progress (O(1)), so the final step and
+        # epoch reach the controller whatever report_every is.
+        self._emit_progress()
+        if save or (self.checkpoint_every and self.steps % self.checkpoint_every == 0):
             self._save_pending = True
         if stop:
             # Exit at the next forward, so the caller still sees (and logs) this step and the
@@ -356,8 +428,8 @@ class AdaptiveModel:
             self.loader.accum_steps,
         )
 
-    def _measure_distributed(self) -> bool:
-        """Update the noise estimate; return the *agreed* stop flag.
+    def _measure_distributed(self) -> tuple[bool, bool]:
+        """Update the noise estimate; return the *agreed* stop and save flags.
 
         Only the all-reduced flag may decide: a SIGTERM that lands on one rank after its hook
         sent 0 is carried by the next step's all-reduce, whereas stopping on the local flag
@@ -366,13 +438,14 @@ class AdaptiveModel:
         extra, parts = self._extra, self._global_parts
         self._extra, self._global_parts, self._local_sq = None, [], None
         if extra is None:  # no bucket was reduced, so there is nothing to agree with
-            return False
-        if not parts:  # not a measuring step: only the stop flag (one host read)
-            return float(extra[1]) > 0
+            return False, False
+        if not parts:  # not a measuring step: only the flags (one host read)
+            flags = extra.tolist()
+            return flags[1] > 0, flags[2] > 0
         values = torch.cat([extra, torch.stack(parts).sum().reshape(1)]).tolist()
         piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
-        self.gns.update(*estimate(values[0], values[2], piece_bsz, self._replicas))
-        return values[1] > 0
+        self.gns.update(*estimate(values[0], values[3], piece_bsz, self._replicas))
+        return values[1] > 0, values[2] > 0
 
     def _measure_single(self) -> None:
         """K = 1: noise from micro-batch pieces, or from two consecutive steps (s = 0)."""
@@ -520,6 +593,7 @@ class AdaptiveModel:
             "profile": self.profile.state_dict(),
             "steps": self.steps,
             "replicas": self._replicas,
+            "trained_seconds": self.trained_seconds,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -531,6 +605,8 @@ class AdaptiveModel:
         self.profile.load_state_dict(state["profile"])
         self.steps = int(state["steps"])
         self._saved_replicas = int(state["replicas"])
+        self._trained_before = float(state.get("trained_seconds", 0.0))
+        self._started = time.monotonic()
 
 
 def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:

@@ -300,7 +300,7 @@ def test_real_policies_drive_the_loop_deterministically(
         db = Store.open(sqlite_url(tmp_path / f"{tag}.db"))
         r = rig(policy=make_policy(name), seed=7, store=db)
         ids = [r.submit(name=f"j{i}", max_replicas=2).id for i in range(3)]
-        out = []
+        out: list[tuple[str, int]] = []
         for _ in range(4):
             r.step(advance=61)
             jobs = [r.job(i) for i in ids]

@@ -20,6 +20,7 @@ class FakeContext:
         self.rank, self.world_size = rank, world_size
         self.saved = saved or {}
         self.registered: dict = {}
+        self.memory_cap: int | None = None  # no per-replica batch learned from an OOM
 
     def register(self, name: str, obj: object) -> bool:
         self.registered[name] = obj

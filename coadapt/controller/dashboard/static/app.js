@@ -482,8 +482,9 @@ function jobPage(root, id) {
         if (e.status === 404) { this.poll = false; root.replaceChildren(head, h('div', { class: 'error', id: 'not-found' }, `No job ${id} (or it belongs to another tenant).`)); return; }
         throw e;
       }
-      msg.replaceChildren();
       const j = d.job, colour = jobColour(j.id), end = j.finished_at || d.now;
+      // What an out-of-memory failure taught the job (the controller retries smaller).
+      msg.replaceChildren(...(j.memory_limit ? [h('div', { class: 'panel mono', id: 'memory-limit' }, j.memory_limit.text)] : []));
       head.replaceChildren(dot(colour), j.name, ' ', badge(j.state), h('span', { class: 'sub mono' }, j.id), h('span', { class: 'sub' }, `tenant ${j.tenant}`));
       const sp = d.series;
       cards.replaceChildren(
