@@ -1,23 +1,33 @@
 # Every target creates/reuses .venv. torch is pinned to the CPU wheel here (the package itself
 # only asks for torch>=2.3) so a fresh machine never pulls a multi-GB CUDA build.
+# Two stamps on the one .venv: `make demo` installs only what the demo runs (torch + the
+# package, no extras); `make test`/`lint`/`typecheck`/`install` add the dev and ray extras.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
+# Where the CPU wheel comes from when pip's configured indexes lack it, e.g.
+# `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` (empty: pip's own config).
+TORCH_INDEX ?=
 
 .PHONY: install demo test lint typecheck bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(DEMO_STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)" $(if $(TORCH_INDEX),--extra-index-url "$(TORCH_INDEX)")
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/coadapt demo
 
 test: $(STAMP)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -66,36 +67,39 @@ def _fmt(x: Any, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+#: Short state names for the live table (it must fit an 80-column terminal).
+_SHORT_STATE = {"RESCALING": "rescale", "SUCCEEDED": "done", "CANCELLED": "cancel"}
+
+
 def _table(jobs: list[dict[str, Any]], cluster: dict[str, Any], elapsed: float) -> Table:
+    """The live table, narrow enough for an 80-column terminal: no vertical rules, short
+    headers and states, the slot count (the slot ids are in ``coadapt cluster``) and a job
+    name cut (with an ellipsis) only past 14 characters."""
     t = Table(
-        title=f"coadapt live demo — t={elapsed:5.0f}s, policy {cluster.get('policy')}, "
-        f"{cluster.get('used', 0)}/{cluster.get('slots', 0)} slots busy"
+        title=f"coadapt live demo: t={elapsed:.0f}s, {cluster.get('policy')}, "
+        f"{cluster.get('used', 0)}/{cluster.get('slots', 0)} slots busy",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=0,
+        pad_edge=False,
     )
-    for col in (
-        "job",
-        "state",
-        "slots",
-        "batch (m×s)",
-        "goodput",
-        "speedup",
-        "step",
-        "epoch",
-        "accuracy",
-        "re-alloc",
-    ):
-        t.add_column(col, justify="right" if col not in ("job", "state") else "left")
+    t.add_column("job", no_wrap=True, overflow="ellipsis", min_width=8, max_width=12)
+    t.add_column("state", no_wrap=True)
+    for col in ("slots", "batch (m×s)", "goodput", "speed", "step", "epoch", "acc", "moves"):
+        t.add_column(col, justify="right", no_wrap=True)
     slots = {j["id"]: j["slots"] for j in cluster.get("jobs", [])}
     for j in jobs:
         batch = _fmt(j["batch_size"])
         if j.get("local_bsz") is not None:
             batch += f" ({j['local_bsz']}×{(j.get('accum_steps') or 0) + 1})"
         acc = (j.get("metrics") or {}).get("accuracy")
+        goodput = j["goodput"]
         t.add_row(
             j["name"],
-            j["state"],
-            ",".join(map(str, slots.get(j["id"], []))) or "-",
+            _SHORT_STATE.get(j["state"], j["state"].lower()),
+            str(len(slots.get(j["id"], []))),
             batch,
-            _fmt(j["goodput"]),
+            _fmt(float(goodput), 0) if goodput is not None else "-",
             _fmt(j["speedup"], 2),
             _fmt(j["step"]),
             _fmt(j["epoch"]),

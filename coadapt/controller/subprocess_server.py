@@ -50,9 +50,13 @@ def running_controller(
     server_args: Sequence[str] = (),
     start_timeout: float = 60.0,
     stop_timeout: float = 20.0,
+    port: int | None = None,
 ) -> Iterator[RunningController]:
-    """Start ``coadapt server --state-dir STATE --port P *server_args``; stop it on exit."""
-    port = free_port()
+    """Start ``coadapt server --state-dir STATE --port P *server_args``; stop it on exit.
+
+    ``port``: a fixed port (a restarted controller must keep its URL: adopted replicas post
+    their metrics to it); default a free one."""
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
