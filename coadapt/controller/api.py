@@ -11,36 +11,60 @@ A metric is stored with the record's own ``time`` (when the trial reported it) i
 within :data:`MAX_RECORD_AGE_S` before its arrival, else with the arrival time.
 
 All errors are JSON ``{"error", "message", "details"?}``; :class:`ControllerError` subclasses
-are mapped to their status here and nowhere else.
+are mapped to their status here and nowhere else. Bodies are capped at
+:data:`~coadapt.controller.http_input.MAX_BODY_BYTES` (413), integer parameters at what the
+database and a file offset hold, and the OpenAPI schema (:mod:`~coadapt.controller.openapi`)
+declares the bodies, the bearer scheme and every error status.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations at
 # definition time, and the ``Auth`` dependency alias is local to :func:`create_app`.
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coadapt import __version__
 from coadapt.controller.dashboard.series import is_series, record_series
-from coadapt.controller.errors import ControllerError, ForbiddenError, NotFoundError, SpecError
+from coadapt.controller.errors import (
+    ControllerError,
+    ForbiddenError,
+    NotFoundError,
+    SpecError,
+)
+from coadapt.controller.http_input import (
+    BIGINT_MAX,
+    INT32_MAX,
+    MAX_BODY_BYTES,
+    BodySizeLimit,
+    json_body,
+    tokens_equal,
+    too_large,
+)
+from coadapt.controller.openapi import error_responses, install_docs, install_openapi
+from coadapt.controller.openapi import json_body as body_schema
 from coadapt.controller.prom import metrics_registry
 from coadapt.controller.snapshot import speedup
-from coadapt.controller.spec import parse_spec
+from coadapt.controller.spec import JobSpec, parse_spec
 from coadapt.controller.states import JobState, check_transition
 from coadapt.controller.store import Job, Store, Tenant
 
-MAX_METRICS_BYTES = 1 << 20
+MAX_METRICS_BYTES = MAX_BODY_BYTES
 MAX_LOG_CHUNK = 1 << 20
+#: HTTP error statuses Starlette raises itself (unknown route, wrong method), as our codes.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 @dataclass
@@ -58,6 +82,10 @@ class ApiContext:
     # The nodes the loop saw last, as (name, slots): nodes join and leave on Ray clusters.
     # None means one node "local" with ``slots`` slots (tests, single machine).
     inventory: Callable[[], Sequence[tuple[str, int]]] | None = None
+    # Replica confinement in force (shown in the cluster view), and the check that refuses
+    # a new tenant when replicas cannot be isolated (coadapt.controller.server).
+    isolation: dict[str, Any] | None = None
+    admit_tenant: Callable[[], None] = lambda: None
 
     def nodes(self) -> list[tuple[str, int]]:
         """The current inventory; never calls the executor (that is the loop's job)."""
@@ -70,7 +98,33 @@ class ApiContext:
 
 
 class TenantIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _tenant_in(data: Any) -> TenantIn:
+    """The body of ``POST /api/v1/tenants``, or a 422 naming what is wrong."""
+    accepted = "1-64 characters: letters, digits, '.', '_', '-' (starting with a letter or digit)"
+    if not isinstance(data, dict):
+        raise SpecError(
+            'the body must be a JSON object {"name": ...}',
+            [{"field": "body", "message": f"got {type(data).__name__}", "accepted": accepted}],
+        )
+    try:
+        return TenantIn.model_validate(data)
+    except ValidationError as exc:
+        details = [
+            {
+                "field": ".".join(str(p) for p in e["loc"]) or "body",
+                "message": str(e["msg"]),
+                "accepted": accepted,
+            }
+            for e in exc.errors(include_url=False)
+        ]
+        raise SpecError(
+            "invalid tenant: " + ", ".join(d["field"] for d in details), details
+        ) from None
 
 
 def _num(x: Any) -> float | None:
@@ -108,21 +162,47 @@ def job_view(job: Job, tenants: dict[str, str] | None = None) -> dict[str, Any]:
         "speedup": speedup(job, job.replicas) if job.replicas > 0 else None,
         "metrics": report.get("metrics", {}),
         "spec": job.spec,
+        "memory_limit": memory_limit_view(job),
     }
     return view
+
+
+def memory_limit_view(job: Job) -> dict[str, Any] | None:
+    """What an out-of-memory failure taught the job (None until one did), with the line the
+    job page shows."""
+    limit = job.memory_limit or {}
+    cap, failed = job.max_local_bsz, limit.get("oom_local_bsz")
+    if cap is None:
+        return None
+    return {
+        "max_local_bsz": cap,
+        "oom_local_bsz": failed,
+        "ooms": limit.get("ooms", 1),
+        "text": f"memory limit: per-replica batch ≤ {cap} (learned after OOM at {failed})",
+    }
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
     app = FastAPI(
         title="coadapt controller",
         version=__version__,
-        description="Goodput-optimising cluster scheduler (Pollux-style).",
+        description="Goodput-optimising cluster scheduler (Pollux-style). Authenticate with "
+        "`Authorization: Bearer TOKEN` (a tenant's token, or the admin token).",
+        docs_url=None,
+        redoc_url=None,
     )
+    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
     store = ctx.store
 
     @app.exception_handler(ControllerError)
     async def _controller_error(request: Request, exc: ControllerError) -> JSONResponse:
         return JSONResponse(exc.to_json(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        body = {"error": code, "message": f"{request.method} {request.url.path}: {exc.detail}"}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -136,12 +216,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
         err = SpecError("invalid request: " + ", ".join(d["field"] for d in details), details)
         return JSONResponse(err.to_json(), status_code=err.status)
 
-    def tenant(authorization: Annotated[str | None, Header()] = None) -> Tenant:
-        token = None
-        if authorization:
-            scheme, _, value = authorization.partition(" ")
-            token = value.strip() if scheme.lower() == "bearer" else None
-        return store.authenticate(token)
+    # auto_error=False: a missing token is our JSON 401, not FastAPI's; the scheme still
+    # appears in the OpenAPI schema (securitySchemes.HTTPBearer) on every route using it.
+    bearer = HTTPBearer(auto_error=False, description="a tenant's API token, or the admin token")
+
+    def tenant(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Tenant:
+        return store.authenticate(creds.credentials.strip() if creds else None)
 
     Auth = Annotated[Tenant, Depends(tenant)]
 
@@ -161,16 +243,30 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def whoami(me: Auth) -> dict[str, Any]:
         return {"id": me.id, "name": me.name, "admin": me.is_admin}
 
-    @app.post("/api/v1/tenants", status_code=201, tags=["tenants"])
-    def create_tenant(body: TenantIn, me: Auth) -> dict[str, Any]:
+    @app.post(
+        "/api/v1/tenants",
+        status_code=201,
+        tags=["tenants"],
+        responses=error_responses(403, 409, 413),
+        openapi_extra=body_schema(TenantIn, "the new tenant's name"),
+    )
+    def create_tenant(me: Auth, data: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
         """Create a tenant and return its API token (admin only; the token is shown once)."""
         if not me.is_admin:
             raise ForbiddenError("only the admin token can create tenants")
+        body = _tenant_in(data)
+        ctx.admit_tenant()
         t, token = store.create_tenant(body.name, ctx.clock())
         return {"id": t.id, "name": t.name, "token": token}
 
-    @app.post("/api/v1/jobs", status_code=201, tags=["jobs"])
-    def submit(me: Auth, spec: Annotated[Any, Body()] = None) -> dict[str, Any]:
+    @app.post(
+        "/api/v1/jobs",
+        status_code=201,
+        tags=["jobs"],
+        responses=error_responses(413),
+        openapi_extra=body_schema(JobSpec, "the job spec (the fields of `coadapt submit` files)"),
+    )
+    def submit(me: Auth, spec: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
         """Submit a job spec (JSON); 422 names every invalid field and what it accepts."""
         job = store.create_job(me, parse_spec(spec), ctx.clock())
         ctx.on_change()
@@ -187,7 +283,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def get_job(job_id: str, me: Auth) -> dict[str, Any]:
         return job_view(store.get_job(job_id, me), names())
 
-    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"], responses=error_responses(409))
     def cancel(job_id: str, me: Auth) -> dict[str, Any]:
         """Cancel a job (409 if it already finished); its replicas get SIGTERM, then SIGKILL."""
         if store.get_job(job_id, me).state.is_terminal:
@@ -206,7 +302,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/api/v1/jobs/{job_id}/events", tags=["jobs"])
     def events(
-        job_id: str, me: Auth, after: Annotated[int, Query(ge=0)] = 0
+        job_id: str, me: Auth, after: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0
     ) -> list[dict[str, Any]]:
         store.get_job(job_id, me)
         return [
@@ -227,12 +323,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def logs(
         job_id: str,
         me: Auth,
-        attempt: Annotated[int | None, Query(ge=1)] = None,
-        rank: Annotated[int, Query(ge=0)] = 0,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        attempt: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
+        rank: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+        offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_LOG_CHUNK)] = 65536,
     ) -> dict[str, Any]:
-        """A chunk of one replica's log from byte ``offset`` (poll ``next_offset`` to follow)."""
+        """A chunk of one replica's log from byte ``offset`` (poll ``next_offset`` to follow);
+        an offset at or past the end is an empty chunk."""
         job = store.get_job(job_id, me)
         att = attempt if attempt is not None else max(job.attempt, 1)
         jobs_dir = ctx.jobs_dir or ctx.state_dir / "jobs"
@@ -240,8 +337,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         data = b""
         if path.is_file():
             with open(path, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(limit)
+                # Never seek/read past the end: the OS refuses offsets near 2^63 (EINVAL).
+                if offset < os.fstat(fh.fileno()).st_size:
+                    fh.seek(offset)
+                    data = fh.read(limit)
         elif attempt is not None and att > job.attempt:
             raise NotFoundError(f"job {job.id} has no attempt {att} (latest: {job.attempt})")
         return {
@@ -254,27 +353,42 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "state": job.state.value,
         }
 
-    @app.post("/api/v1/jobs/{job_id}/metrics", status_code=204, tags=["ingestion"])
+    @app.post(
+        "/api/v1/jobs/{job_id}/metrics",
+        status_code=204,
+        tags=["ingestion"],
+        responses=error_responses(413),
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "description": "one coadapt.train metrics record (a JSON object with `kind`)",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    )
     async def ingest(job_id: str, request: Request, token: str = "") -> None:
         """Metrics from a job's replicas (the coadapt.train payload), per-job token auth."""
         body = await request.body()
         if len(body) > MAX_METRICS_BYTES:
-            raise SpecError(f"metrics record too large ({len(body)} bytes)")
+            raise too_large(len(body), MAX_METRICS_BYTES)
         # The token check and the write read and write the database: in the thread pool, as
         # the plain ``def`` endpoints are, or they would hold the event loop (every other
         # request) while the scheduling and tuning threads hold the database.
         await run_in_threadpool(_ingest_body, job_id, token, body)
 
     def _ingest_body(job_id: str, token: str, body: bytes) -> None:
-        if not store.check_job_token(job_id, token):
+        if not tokens_equal(store.job_token(job_id), token):
             raise NotFoundError(f"no job {job_id!r}")  # no oracle for job ids
         try:
-            record = json.loads(body)
-        except ValueError:
-            raise SpecError("metrics record is not JSON") from None
+            # NaN/Infinity (a diverged loss) become null: stored JSON must stay strict JSON.
+            record = json.loads(
+                body.decode("utf-8"), parse_constant=lambda _: None, parse_float=_finite_or_none
+            )
+        except (ValueError, RecursionError):
+            raise SpecError("metrics record is not UTF-8 JSON (or nests too deeply)") from None
         if not isinstance(record, dict):
             raise SpecError("metrics record must be a JSON object")
-        ingest_record(store, job_id, record, ctx.clock())
+        ingest_record(store, job_id, _storable(record), ctx.clock())
 
     @app.get("/api/v1/cluster", tags=["cluster"])
     def cluster(me: Auth) -> dict[str, Any]:
@@ -306,11 +420,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
             ],
             "round": ctx.round_info(),
             "jobs": jobs,
+            "isolation": ctx.isolation,
         }
 
     registry = metrics_registry(store, ctx.total_slots)
 
-    @app.get("/metrics", tags=["meta"], response_class=Response)
+    @app.get("/metrics", tags=["meta"], response_class=Response, responses=error_responses(403))
     def prometheus_metrics(me: Auth) -> Response:
         """Prometheus text exposition of the cluster and its active jobs (admin token only).
 
@@ -325,7 +440,28 @@ def create_app(ctx: ApiContext) -> FastAPI:
     from coadapt.controller.dashboard.routes import mount_dashboard  # imports this module
 
     mount_dashboard(app, ctx, tenant)
+    from coadapt.tune.spec import ExperimentSpec
+
+    install_docs(app)
+    install_openapi(app, [JobSpec, ExperimentSpec, TenantIn])
     return app
+
+
+def _storable(x: Any) -> Any:
+    """``x`` with every string made storable on any backend: NUL (PostgreSQL's JSON and text
+    refuse it) and lone surrogates (no UTF-8 form) become U+FFFD."""
+    if isinstance(x, str):
+        return x.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(x, dict):
+        return {_storable(k): _storable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_storable(v) for v in x]
+    return x
+
+
+def _finite_or_none(text: str) -> float | None:
+    x = float(text)
+    return x if math.isfinite(x) else None
 
 
 #: How far before its arrival a record's own timestamp is believed (a sender's queue can hold
@@ -377,9 +513,8 @@ def ingest_record(store: Store, job_id: str, record: dict[str, Any], now: float)
         name = str(record.get("name", "metric"))
         value = _num(record.get("value"))
         step = record.get("step")
-        store.add_metric(
-            job_id, name, value, step if isinstance(step, int) else None, record_time(record, now)
-        )
+        ok_step = isinstance(step, int) and not isinstance(step, bool) and abs(step) <= INT32_MAX
+        store.add_metric(job_id, name, value, step if ok_step else None, record_time(record, now))
         job = store.get_job(job_id)
         metrics = dict((job.report or {}).get("metrics", {}))
         metrics[name[:64]] = value

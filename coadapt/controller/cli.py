@@ -3,7 +3,9 @@
 
 Client commands find the controller from ``--server``, ``$COADAPT_SERVER``, the local state
 dir's ``server.json``, or the default port; the token from ``--token``, ``$COADAPT_TOKEN``,
-or the local state dir's ``admin-token``. Exit codes: 0 ok, 1 a job failed / timed out,
+or the local state dir's ``admin-token``. Reads (and ``cancel``) ride out a controller
+restart: they retry an unreachable controller for ``--retry`` seconds (``wait``: until its
+``--timeout``, or for ever without one). Exit codes: 0 ok, 1 a job failed / timed out,
 2 invalid input (4xx), 3 controller unreachable.
 """
 
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from coadapt.controller.client import Client, ClientError
+from coadapt.controller.client import DEFAULT_RETRY_S, Client, ClientError
 from coadapt.controller.errors import ControllerError
 from coadapt.controller.paths import ADMIN_TOKEN_FILE, DEFAULT_PORT, SERVER_FILE, default_state_dir
 
@@ -42,7 +45,8 @@ def _client(args: argparse.Namespace) -> Client:
             token = (state / ADMIN_TOKEN_FILE).read_text().strip()
         except OSError:
             token = None
-    return Client(str(url), token)
+    retry = getattr(args, "retry", DEFAULT_RETRY_S)
+    return Client(str(url), token, retry_for=retry, stderr=sys.stderr)
 
 
 def _exit_code(exc: ClientError) -> int:
@@ -180,9 +184,12 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    """Poll until every job is terminal; an unreachable controller (restarting) is retried
+    until ``--timeout`` (for ever without one), not reported as exit 3 at once."""
     deadline = time.monotonic() + args.timeout if args.timeout is not None else None
     while True:
-        states = {j: client.job(j)["state"] for j in args.jobs}
+        until = deadline if deadline is not None else math.inf
+        states = {j: client.job(j, retry_until=until)["state"] for j in args.jobs}
         if all(s in TERMINAL for s in states.values()):
             for j, s in states.items():
                 print(f"{j} {s}")
@@ -231,6 +238,19 @@ def cmd_tenant_create(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenant_users(pairs: list[str]) -> dict[str, str]:
+    """``--run-as-tenant alice=alice`` (repeatable) -> {"alice": "alice"}."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        tenant, sep, user = pair.partition("=")
+        if not sep or not tenant or not user:
+            raise ControllerError(
+                f"--run-as-tenant: {pair!r} is invalid; accepted: TENANT=USER[:GROUP]"
+            )
+        out[tenant] = user
+    return out
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from coadapt.controller.server import ServerOptions, serve
 
@@ -256,11 +276,25 @@ def cmd_server(args: argparse.Namespace) -> int:
                 ray_namespace=args.ray_namespace,
                 placement_timeout=args.placement_timeout,
                 shared_dir=Path(args.shared_dir) if args.shared_dir else None,
+                isolation=args.isolation,
+                run_as=args.run_as,
+                run_as_tenant=_tenant_users(args.run_as_tenant),
+                memory_per_slot=args.memory_per_slot,
             )
         )
     except ControllerError as exc:
         print(f"coadapt server: {exc.message}", file=sys.stderr)
         return 2
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; accepted: seconds >= 0")
+    return value
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -277,6 +311,14 @@ def add_parsers(subparsers: Any) -> None:
     )
     common.add_argument(
         "--state-dir", default=None, help="local state dir ($COADAPT_STATE_DIR or ~/.coadapt)"
+    )
+    common.add_argument(
+        "--retry",
+        type=_non_negative,
+        default=DEFAULT_RETRY_S,
+        metavar="SECONDS",
+        help="how long a read retries an unreachable (restarting) controller "
+        f"(default {DEFAULT_RETRY_S:.0f}; 0: fail at once)",
     )
 
     p = subparsers.add_parser("server", help="run the controller (API + scheduler)")
@@ -332,6 +374,33 @@ def add_parsers(subparsers: Any) -> None:
         "--shared-dir",
         default=None,
         help="job checkpoints and logs, on a path every node mounts (default: the state dir)",
+    )
+    p.add_argument(
+        "--isolation",
+        default="auto",
+        choices=("auto", "namespace", "user", "none"),
+        help="replica confinement (docs/security.md): auto (default: the strongest available), "
+        "namespace (private mounts + PID namespace), user (run-as user only), none",
+    )
+    p.add_argument(
+        "--run-as",
+        default=None,
+        metavar="USER[:GROUP]",
+        help="unprivileged user replicas run as (root controller; default nobody)",
+    )
+    p.add_argument(
+        "--run-as-tenant",
+        action="append",
+        default=[],
+        metavar="TENANT=USER[:GROUP]",
+        help="run one tenant's replicas as their own user (repeatable)",
+    )
+    p.add_argument(
+        "--memory-per-slot",
+        default=None,
+        metavar="SIZE",
+        help="memory limit of each replica, e.g. 16G (cgroup v2/v1, else RLIMIT_AS); a replica "
+        "past it is reported out of memory",
     )
     p.set_defaults(func=cmd_server)
 

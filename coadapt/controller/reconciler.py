@@ -41,6 +41,7 @@ from coadapt.controller.states import JobState
 from coadapt.controller.store import Job, Replica, Store
 from coadapt.executors import Executor, ExecutorError, ReplicaHandle, ReplicaPhase, ReplicaSpec
 from coadapt.policies import NodeInfo, Policy, PolicyError, validate_allocations
+from coadapt.train.memory import read_limit, shrink
 
 log = logging.getLogger("coadapt.controller")
 
@@ -49,6 +50,13 @@ ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
 LIVE = ("starting", "live")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _RESIGNAL_S = 5.0  # re-send SIGTERM this often while a stop is pending (level-triggered)
+# What a replica inherits from the controller's environment; nothing else (see _env).
+_INHERIT = frozenset(("PATH", "LANG", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH", "TMPDIR"))
+_INHERIT_PREFIXES = ("LC_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "NVIDIA_", "TORCH_")
+
+
+def _inherited(name: str) -> bool:
+    return name in _INHERIT or name.startswith(_INHERIT_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,7 @@ class Controller:
         self._next_round = -np.inf
         self._last_schedulable: frozenset[str] | None = None
         self._signalled: dict[int, float] = {}
+        self._tenant_names: dict[str, str] = {}
         self._round = int(store.meta_get("policy_round") or 0)
         self.last_round_seconds: float | None = None
         self.last_round_at: float | None = None
@@ -138,6 +147,12 @@ class Controller:
     def slots(self) -> int:
         """Slots of the whole cluster as last observed."""
         return sum(n.gpus for n in self._nodes)
+
+    @property
+    def next_round_at(self) -> float:
+        """When the next policy round is due at the latest (an interval, or a retry delay's
+        end, whichever comes first); prompt rounds may come sooner."""
+        return float(self._next_round)
 
     @property
     def rounds(self) -> int:
@@ -241,12 +256,15 @@ class Controller:
             reason = status.reason or status.phase.value
             if lost and status.phase is not ReplicaPhase.EVICTED:
                 reason = f"node {rep.node} left the cluster ({reason})"
+            if status.oom and "memory" not in reason:
+                reason = f"out of memory ({reason})"
             self.store.update_replica(
                 rep.id,
                 status="lost" if lost else "exited",
                 exit_code=status.exit_code,
                 reason=reason,
                 ended_at=now,
+                oom=status.oom,
             )
             self.store.add_event(
                 rep.job_id,
@@ -260,6 +278,7 @@ class Controller:
                     "exit_code": status.exit_code,
                     "node": rep.node,
                     "lost": lost,
+                    "oom": status.oom,
                 },
             )
         # Level-triggered release of what finished attempts still hold (Ray placement groups).
@@ -342,6 +361,11 @@ class Controller:
             f"attempt {job.attempt} rank {first.rank} exited with code {first.exit_code}"
             f" ({first.reason})"
         )
+        ooms = [r for r in failed if r.oom]
+        if ooms and self._retry_smaller(job, ooms[0], now, common):
+            return
+        if ooms:
+            cause += "; out of memory even at per-replica batch 1"
         failures = job.failures + 1
         max_restarts = int(job.spec.get("max_restarts", 0))
         if failures > max_restarts:
@@ -376,6 +400,51 @@ class Controller:
             )
         self.poke()
 
+    def _failed_local_bsz(self, job: Job) -> int:
+        """The per-replica batch the attempt ran out of memory at: what the library recorded
+        (a CUDA or host allocation failure it caught), else the last one the job reported
+        (the OOM killer gives it no chance to say), else the submitted split."""
+        cap = job.max_local_bsz
+        recorded = read_limit(self.job_dir(job.id) / "checkpoints")
+        if recorded is not None and (cap is None or recorded.max_local_bsz < cap):
+            return recorded.oom_local_bsz
+        reported = (job.report or {}).get("local_bsz")
+        if isinstance(reported, int) and reported >= 1:
+            failed = reported
+        else:
+            spec = job.job_spec
+            failed = -(-spec.batch_size // max(job.replicas, 1))  # the data loader's split
+            if spec.max_local_bsz is not None:
+                failed = min(failed, spec.max_local_bsz)
+        return min(failed, cap) if cap is not None else failed
+
+    def _retry_smaller(self, job: Job, rep: Replica, now: float, common: dict[str, Any]) -> bool:
+        """Out of memory: learn a smaller per-replica batch cap and retry at once without
+        counting a failure, while the cap can still shrink (False: it cannot, a real one)."""
+        failed = self._failed_local_bsz(job)
+        cap = shrink(failed)
+        if cap >= failed:
+            return False
+        old = job.memory_limit or {}
+        limit = {"max_local_bsz": cap, "oom_local_bsz": failed, "ooms": int(old.get("ooms", 0)) + 1}
+        why = (
+            f"attempt {job.attempt} rank {rep.rank} ran out of memory at per-replica batch "
+            f"{failed}; retrying with per-replica batch <= {cap} (more accumulation steps)"
+        )
+        self.store.update_job(
+            job.id,
+            now,
+            state=JobState.PENDING,
+            expect=job.state,
+            memory_limit=limit,
+            reason=why,
+            event=("alloc", f"{why}; 0 slots"),
+            event_data={"replicas": 0, "memory_limit": limit},
+            **common,
+        )
+        self.poke()
+        return True
+
     # -- schedule -------------------------------------------------------------------------
     def _schedulable(self, job: Job, now: float) -> bool:
         return job.state is not JobState.PENDING or job.not_before <= now
@@ -387,6 +456,11 @@ class Controller:
         active = self.store.list_jobs(states=ACTIVE)
         jobs = [j for j in active if self._schedulable(j, now)]
         chosen = {j.id for j in jobs}
+        # A job sitting out a retry delay is decided the moment the delay ends, not at the
+        # next interval: its slots would otherwise stay idle until then (issue 13.3).
+        waits = [j.not_before for j in active if j.id not in chosen]
+        if waits:
+            self._next_round = min(self._next_round, min(waits))
         for job in active:  # jobs sitting out a backoff hold nothing and want nothing now
             if job.id not in chosen and (job.desired_replicas != 0 or job.wanted):
                 self.store.update_job(job.id, now, desired_replicas=0, desired_allocation={})
@@ -524,6 +598,12 @@ class Controller:
     def job_dir(self, job_id: str) -> Path:
         return (self.config.shared_dir or self.config.state_dir) / "jobs" / job_id
 
+    def _tenant_name(self, tenant_id: str) -> str:
+        """The executor maps it to a run-as user (``coadapt server --run-as-tenant``)."""
+        if tenant_id not in self._tenant_names:
+            self._tenant_names = {t.id: t.name for t in self.store.tenants()}
+        return self._tenant_names.get(tenant_id, tenant_id)
+
     def _argv(self, spec: JobSpec) -> tuple[str, ...]:
         if spec.script is not None:
             return (sys.executable, spec.script, *spec.args)
@@ -549,11 +629,15 @@ class Controller:
         place: _Place,
         num_nodes: int,
     ) -> dict[str, str]:
-        env = dict(os.environ)
+        """The replica's whole environment: an allowlist of the controller's (never all of
+        it: it may hold a database password or the admin token), the spec's own, then ours."""
+        env = {k: v for k, v in os.environ.items() if _inherited(k)}
         env.update(spec.env)
         jdir = self.job_dir(job.id)
         env.update(
             {
+                "HOME": str(jdir.resolve()),
+                "COADAPT_TENANT": self._tenant_name(job.tenant_id),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": str(place.local_rank),
@@ -598,7 +682,11 @@ class Controller:
         port = free_port()
         jdir = self.job_dir(job.id)
         run_dir = jdir / "runs" / str(attempt)
-        (jdir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        # Only the controller (and the replica's run-as user, once the executor hands the
+        # directory over) may enter a job's directory.
+        jdir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        jdir.mkdir(mode=0o700, exist_ok=True)
+        (jdir / "checkpoints").mkdir(mode=0o700, exist_ok=True)
         where = str(slots) if set(alloc) <= {"local"} else f"on {fmt_alloc(alloc)}"
         try:
             job = self.store.update_job(
@@ -625,7 +713,7 @@ class Controller:
         except InvalidTransitionError:
             return  # cancelled meanwhile
         argv = self._argv(spec)
-        cwd = spec.working_dir or str(self.config.state_dir)
+        cwd = spec.working_dir or str(jdir.resolve())  # never the state dir itself
         rows: list[Replica] = []
         specs: list[ReplicaSpec] = []
         for rank, (node, slot) in enumerate(place):
@@ -645,6 +733,8 @@ class Controller:
                 node_slots=tuple(on_node),
             )
             env = self._env(job, spec, attempt, rank, k, port, where_rank, len(alloc))
+            if job.max_local_bsz is not None:  # learned after an OOM (coadapt.train.memory)
+                env["COADAPT_MAX_LOCAL_BSZ"] = str(job.max_local_bsz)
             specs.append(
                 ReplicaSpec(
                     job_id=job.id,

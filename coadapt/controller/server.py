@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,7 +34,15 @@ from coadapt.controller.paths import (
 )
 from coadapt.controller.reconciler import Controller, ControllerConfig
 from coadapt.controller.store import Store
-from coadapt.executors import Executor, ExecutorError, create_executor
+from coadapt.executors import (
+    Executor,
+    ExecutorError,
+    create_executor,
+    detect_gpus,
+    memlimit,
+    sandbox,
+)
+from coadapt.executors.sandbox import Isolation, SandboxError
 from coadapt.policies import POLICY_NAMES, make_policy
 
 log = logging.getLogger("coadapt.controller")
@@ -79,6 +88,84 @@ class ServerOptions:
     ray_namespace: str = "coadapt"
     placement_timeout: float = 60.0  # give up a placement group not placed by then
     shared_dir: Path | None = None  # job dirs (checkpoints, logs) where every node sees them
+    # Replica confinement (coadapt.executors.sandbox, docs/security.md).
+    isolation: str = "auto"  # auto | namespace | user | none
+    run_as: str | None = None  # USER[:GROUP]; default nobody (root controller only)
+    run_as_tenant: dict[str, str] = field(default_factory=dict)  # tenant -> USER[:GROUP]
+    memory_per_slot: str | None = None  # e.g. "16G": per-replica limit (cgroup or RLIMIT_AS)
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` (if missing) or narrow it to mode 0600."""
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    path.chmod(0o600)
+
+
+def resolve_isolation(
+    options: ServerOptions, state_dir: Path, jobs_root: Path, executor: Executor | None
+) -> Isolation:
+    """What confines replicas: the local executor's sandbox, or nothing (Ray, tests' fakes)."""
+    if executor is not None:
+        found = getattr(executor, "isolation", None)
+        return found if isinstance(found, Isolation) else Isolation(note="executor not confined")
+    if options.executor != "local":
+        if options.isolation not in ("auto", "none") or options.memory_per_slot:
+            raise SpecError(
+                "--isolation/--memory-per-slot confine --executor local replicas only; Ray "
+                "replicas run as the Ray workers' user (docs/security.md)"
+            )
+        return Isolation(note=f"--executor {options.executor}: replicas are not confined")
+    try:
+        memory = None
+        if options.memory_per_slot:
+            gpus = options.slots is None and detect_gpus() > 0
+            memory = memlimit.detect(memlimit.parse_size(options.memory_per_slot), gpus=gpus)
+        hide = tuple(dict.fromkeys((str(state_dir), str(jobs_root))))
+        return sandbox.resolve(
+            options.isolation,
+            run_as=options.run_as,
+            tenant_run_as=options.run_as_tenant,
+            hide=hide,
+            jobs_root=str(jobs_root),
+            memory=memory,
+        )
+    except (SandboxError, memlimit.MemoryLimitError) as exc:
+        raise SpecError(str(exc)) from exc
+
+
+def describe_isolation(isolation: Isolation | None) -> str:
+    """One line for the start-up banner."""
+    if isolation is None:
+        return "none (this executor does not confine replicas)"
+    d = isolation.describe()
+    parts = [str(d["mode"])]
+    if d["run_as"]:
+        parts.append(f"run as {d['run_as']}")
+    if d["tenant_run_as"]:
+        parts.append("per tenant " + ", ".join(f"{t}={u}" for t, u in d["tenant_run_as"].items()))
+    if isolation.memory is not None:
+        parts.append(f"memory {isolation.memory.describe()}")
+    if d["note"]:
+        parts.append(str(d["note"]))
+    return "; ".join(parts)
+
+
+def isolation_guard(options: ServerOptions, isolation: Isolation) -> Callable[[], None]:
+    """Raises (SpecError) when tenants other than the admin would share unconfined replicas,
+    unless ``--isolation none`` accepted that risk explicitly (single-tenant use is fine)."""
+
+    def check() -> None:
+        if isolation.mode != "none" or options.isolation == "none":
+            return
+        why = f" ({isolation.note})" if isolation.note else ""
+        raise SpecError(
+            "multi-tenant mode needs isolated replicas, and none is available here"
+            f"{why}: any job could read the admin token and the database. Fix the cause, "
+            "or pass --isolation none to accept the risk explicitly (docs/security.md)"
+        )
+
+    return check
 
 
 def build(
@@ -99,6 +186,10 @@ def build(
             f"--tune-policy: unknown policy {options.tune_policy!r}; "
             f"accepted: {', '.join(TUNE_POLICIES)}"
         )
+    state_dir = options.state_dir.resolve()
+    shared_dir = options.shared_dir.resolve() if options.shared_dir is not None else None
+    jobs_root = (shared_dir or state_dir) / "jobs"
+    isolation = resolve_isolation(options, state_dir, jobs_root, executor)
     if executor is None:
         try:
             executor = create_executor(
@@ -108,14 +199,27 @@ def build(
                 ray_slot_resource=options.ray_slot_resource,
                 ray_namespace=options.ray_namespace,
                 placement_timeout=options.placement_timeout,
+                isolation=isolation if isolation.active else None,
             )
         except ExecutorError as exc:
             raise SpecError(str(exc)) from exc
-    state_dir = options.state_dir.resolve()
+    # Only the controller enters the state dir; ``user`` mode (no namespaces) must let the
+    # run-as user traverse (not list) it to reach its own job dir.
+    traverse = 0o711 if isolation.mode == "user" else 0o700
     state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(traverse)
+    jobs_root.mkdir(parents=True, exist_ok=True)
+    jobs_root.chmod(traverse)
+    if options.db is None:
+        for suffix in ("", "-wal", "-shm"):  # SQLite gives -wal/-shm the database's mode
+            if suffix == "" or (state_dir / f"coadapt.db{suffix}").exists():
+                _private_file(state_dir / f"coadapt.db{suffix}")
     store = Store.open(options.db or sqlite_url(state_dir / "coadapt.db"))
     ensure_admin_token(store, state_dir, clock())
-    shared_dir = options.shared_dir.resolve() if options.shared_dir is not None else None
+    (state_dir / ADMIN_TOKEN_FILE).chmod(0o600)
+    guard = isolation_guard(options, isolation)
+    if any(not t.is_admin for t in store.tenants()):
+        guard()
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
     config = ControllerConfig(
         state_dir=state_dir,
@@ -151,6 +255,8 @@ def build(
         round_info=round_info,
         jobs_dir=controller.job_dir("_").parent,
         inventory=lambda: [(n.name, n.gpus) for n in controller.nodes],
+        isolation=isolation.describe(),
+        admit_tenant=guard,
     )
     app = create_app(ctx)
 
@@ -178,7 +284,14 @@ def build(
 
 
 def serve(options: ServerOptions) -> int:
-    """Run the controller until SIGINT/SIGTERM (jobs keep running; a restart re-adopts)."""
+    """Run the controller until SIGINT/SIGTERM (jobs keep running; a restart re-adopts).
+
+    On the signal uvicorn stops serving and the lifespan stops the scheduling loop; then this
+    logs what the shutdown did, checkpoints SQLite's WAL into the database file (so the state
+    dir is one self-contained file while no controller runs) and closes the database.
+    uvicorn re-raises the captured signal after it shut down; the handlers installed here
+    turn that into a plain return, so the clean-up below runs and the exit status is 0.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app, controller, store = build(options)
     state_dir = options.state_dir.resolve()
@@ -186,7 +299,10 @@ def serve(options: ServerOptions) -> int:
         f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:"
         f"{options.port}"
     )
+    _private_file(state_dir / SERVER_FILE)
     (state_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    iso = getattr(controller.executor, "isolation", None)
+    print(f"coadapt replica isolation: {describe_isolation(iso)}", flush=True)
     print(
         f"coadapt controller on {url} (docs {url}/docs), policy {options.policy}, "
         f"{controller.slots} {'GPU' if controller.executor.uses_gpus() else 'CPU'} slots, "
@@ -198,8 +314,58 @@ def serve(options: ServerOptions) -> int:
             app, host=options.host, port=options.port, log_level=options.log_level, access_log=False
         )
     )
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         server.run()
     finally:
-        store.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _shutdown_report(store, received)
     return 0
+
+
+def _shutdown_report(store: Store, received: list[int]) -> None:
+    """Log what stopping did, checkpoint the SQLite WAL and close the database."""
+    why = signal.Signals(received[0]).name if received else "server stopped"
+    loop_alive = any(
+        t.name in ("coadapt-loop", "coadapt-tune") and t.is_alive() for t in threading.enumerate()
+    )
+    log.info(
+        "shutdown (%s): %s",
+        why,
+        "the scheduling loop did not stop within 10 s (abandoned)"
+        if loop_alive
+        else "stopped the scheduling and tuning loops",
+    )
+    try:
+        live = store.replicas(statuses=("starting", "live"))
+        jobs = {r.job_id for r in live}
+        log.info(
+            "shutdown: left %d replica(s) of %d job(s) running for the next controller to adopt",
+            len(live),
+            len(jobs),
+        )
+    except Exception as exc:  # the report must not stop the clean-up
+        log.warning("shutdown: cannot count the running replicas: %s", exc)
+    if store.engine.dialect.name == "sqlite":
+        try:
+            raw = store.engine.raw_connection()
+            try:
+                cur = raw.cursor()
+                cur.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                busy, _frames, done = cur.fetchone() or (1, -1, -1)
+                cur.close()
+            finally:
+                raw.close()
+            if busy:
+                log.warning("shutdown: WAL checkpoint incomplete (database busy)")
+            else:
+                log.info("shutdown: checkpointed the SQLite WAL (%d frame(s))", done)
+        except Exception as exc:
+            log.warning("shutdown: WAL checkpoint failed: %s", exc)
+    store.close()
+    log.info("shutdown: closed the database; bye")

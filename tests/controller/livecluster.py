@@ -79,6 +79,10 @@ class LiveController:
             "0.5",
             *self.extra,
         ]
+        if "--isolation" not in self.extra:
+            # Test jobs run the venv's interpreter, which a run-as user may not reach (it can
+            # live under root's 0700 home); confinement has its own tests (test_isolation.py).
+            argv += ["--isolation", "none"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
