@@ -1,0 +1,241 @@
+"""EmbeddingTable: exact keys under insert/lookup/delete/expire/grow, admission, counters, files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from coadapt.sparse import EmbeddingTable, TableFullError
+from coadapt.sparse._hashing import mix64, unmix64
+
+EXTREMES = [0, 1, 2**63, 2**64 - 1, 2**64 - 2]
+key_st = st.one_of(st.sampled_from(EXTREMES), st.integers(0, 40), st.integers(0, 2**64 - 1))
+
+
+class TableMachine(RuleBasedStateMachine):
+    """The table must behave exactly like a dict {key: (row, last_touch)} under any sequence."""
+
+    @initialize()
+    def setup(self) -> None:
+        # tiny segments so that cuckoo displacement and segment growth happen constantly
+        self.t = EmbeddingTable(2, 3, ttl=8, segments=2, max_rows=5000, seed=1)
+        self.model: dict[int, tuple[np.ndarray, int]] = {}
+        self.now = 0
+        self.counter = 0.0
+        self.next_key = 0
+
+    def _values(self, n: int) -> np.ndarray:
+        vals = self.counter + np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+        self.counter += n * 3
+        return vals
+
+    @rule(keys=st.lists(key_st, min_size=1, max_size=40))
+    def insert(self, keys: list[int]) -> None:
+        arr = np.array(keys, dtype=np.uint64)
+        idx, new = self.t.lookup_or_insert(arr, now=self.now)
+        assert (idx >= 0).all()
+        for k, isnew in zip(keys, new.tolist(), strict=True):
+            assert isnew == (k not in self.model)
+        uk = np.unique(arr)
+        uidx = self.t.lookup(uk)
+        vals = self._values(uk.size)
+        self.t.write_rows(uidx, vals)
+        for k, v in zip(uk.tolist(), vals, strict=True):
+            self.model[k] = (v, self.now)
+
+    @rule(n=st.integers(50, 400))
+    def grow(self, n: int) -> None:
+        keys = mix64(np.arange(self.next_key, self.next_key + n, dtype=np.uint64))
+        self.next_key += n
+        vals = self._values(n)
+        self.t.assign(keys, vals, now=self.now)
+        for k, v in zip(keys.tolist(), vals, strict=True):
+            self.model[k] = (v, self.now)
+
+    @rule(keys=st.lists(key_st, max_size=20))
+    def delete(self, keys: list[int]) -> None:
+        gone = self.t.delete(np.array(keys, dtype=np.uint64))
+        assert gone == len({k for k in keys if k in self.model})
+        for k in keys:
+            self.model.pop(k, None)
+
+    @rule(keys=st.lists(key_st, max_size=20))
+    def lookup_touch(self, keys: list[int]) -> None:
+        idx = self.t.lookup(np.array(keys, dtype=np.uint64), now=self.now)
+        for k, i in zip(keys, idx.tolist(), strict=True):
+            assert (i >= 0) == (k in self.model)
+            if k in self.model:
+                self.model[k] = (self.model[k][0], self.now)
+
+    @rule(dt=st.integers(0, 6))
+    def tick_and_expire(self, dt: int) -> None:
+        self.now += dt
+        dropped = self.t.expire(self.now)
+        dead = [k for k, (_, t) in self.model.items() if self.now - t >= 8]
+        assert dropped == len(dead)
+        for k in dead:
+            del self.model[k]
+
+    @invariant()
+    def matches_model(self) -> None:
+        assert len(self.t) == len(self.model)
+        if not self.model:
+            return
+        keys = np.array(list(self.model), dtype=np.uint64)
+        idx = self.t.lookup(keys)
+        assert (idx >= 0).all()
+        assert np.unique(idx).size == idx.size
+        expect = np.stack([self.model[k][0] for k in self.model])
+        np.testing.assert_array_equal(self.t.rows(idx), expect)
+        listed = np.concatenate([k for k, _ in self.t.iter_chunks(chunk_rows=7)])
+        assert sorted(listed.tolist()) == sorted(self.model)
+
+
+TableMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+TestTableMachine = TableMachine.TestCase
+
+
+def test_mix_is_a_bijection_with_exact_inverse() -> None:
+    x = np.array([0, 1, 2**64 - 1, 12345, 2**63], dtype=np.uint64)
+    x = np.concatenate([x, np.random.default_rng(0).integers(0, 2**64 - 1, 1000, dtype=np.uint64)])
+    np.testing.assert_array_equal(unmix64(mix64(x)), x)
+
+
+def test_signed_ids_are_the_same_feature_as_their_bit_pattern() -> None:
+    t = EmbeddingTable(4)
+    idx, _ = t.lookup_or_insert(np.array([-1, 5], dtype=np.int64))
+    np.testing.assert_array_equal(t.lookup(np.array([2**64 - 1, 5], dtype=np.uint64)), idx)
+
+
+def test_bad_input_is_rejected_with_a_clear_message() -> None:
+    t = EmbeddingTable(2)
+    with pytest.raises(TypeError, match="integer feature IDs"):
+        t.lookup(np.array([1.5, 2.0]))
+    with pytest.raises(ValueError, match="1-D"):
+        t.lookup(np.zeros((2, 2), dtype=np.uint64))
+    with pytest.raises(ValueError, match="width"):
+        EmbeddingTable(4, 2)
+    with pytest.raises(ValueError, match="shape"):
+        t.write_rows(np.array([0]), np.zeros((1, 3), np.float32))
+    with pytest.raises(IndexError, match="not a live row"):
+        t.write_rows(np.array([-1]), np.zeros((1, 2), np.float32))
+    with pytest.raises(RuntimeError, match="ttl"):
+        t.expire(3)
+
+
+def test_admission_after_k_sightings_and_default_for_unadmitted() -> None:
+    t = EmbeddingTable(4, admit_after=3)
+    keys = np.array([10, 20], dtype=np.uint64)
+    for _ in range(2):
+        idx, new = t.lookup_or_insert(keys)
+        assert (idx == -1).all() and not new.any()
+    assert len(t) == 0
+    # duplicates in one batch count as separate sightings
+    idx, new = t.lookup_or_insert(np.array([10, 30, 30, 30], dtype=np.uint64))
+    assert (idx >= 0).all() and new.all()
+    assert t.lookup(np.array([20], dtype=np.uint64))[0] == -1
+    assert t.sketch is not None and t.nbytes() > t.sketch.nbytes() > 0
+
+
+def test_init_callback_fills_new_rows_only() -> None:
+    t = EmbeddingTable(2, 3)
+    t.lookup_or_insert(np.array([1], dtype=np.uint64), init=lambda r: r.fill(7.0))
+    idx, new = t.lookup_or_insert(np.array([1, 2, 2], dtype=np.uint64), init=lambda r: r.fill(3.0))
+    assert new.tolist() == [False, True, True]
+    assert t.rows(idx).tolist() == [[7.0] * 3, [3.0] * 3, [3.0] * 3]
+    assert t.weights(idx).shape == (3, 2) and t.state(idx).shape == (3, 1)
+
+
+def test_expiry_with_quantised_float_clock_is_never_early_and_at_most_two_quanta_late() -> None:
+    t = EmbeddingTable(1, ttl=3600.0)  # 3600 > 64 steps: quantum = 3600 / 64 s
+    q = 3600.0 / 64
+    rng = np.random.default_rng(0)
+    born = rng.uniform(0, 10_000, 2000)
+    keys = np.arange(2000, dtype=np.uint64)
+    for k, b in zip(keys, born, strict=True):
+        t.lookup_or_insert(np.array([k]), now=float(b))
+    now = 12_000.0
+    t.expire(now)
+    alive = t.contains(keys)
+    age = now - born
+    assert alive[age < 3600].all()
+    assert not alive[age >= 3600 + 2 * q].any()
+
+
+def test_expired_slots_are_reused() -> None:
+    t = EmbeddingTable(1, ttl=5, segments=2)
+    t.lookup_or_insert(np.arange(5000, dtype=np.uint64), now=0)
+    before = t.nbytes()
+    assert t.expire(5) == 5000 and len(t) == 0
+    t.lookup_or_insert(np.arange(5000, 10000, dtype=np.uint64), now=6)
+    assert len(t) == 5000 and t.nbytes() == before
+
+
+def test_counters_count_exposures_and_clicks_of_present_rows() -> None:
+    t = EmbeddingTable(1, counters=True)
+    idx, _ = t.lookup_or_insert(np.array([1, 2], dtype=np.uint64))
+    t.count(np.array([1, 1, 2, 99], dtype=np.uint64), clicks=np.array([1, 0, 1, 1]))
+    t.count(np.array([2], dtype=np.uint64))
+    assert t.counters(idx).tolist() == [[2, 1], [2, 1]]
+    assert t.raw_bytes_per_row() == 8 + 4 + 8
+    with pytest.raises(RuntimeError, match="counters=True"):
+        EmbeddingTable(1).count(np.array([1], dtype=np.uint64))
+
+
+def test_save_load_round_trip_keeps_rows_ages_counters_and_sketch(tmp_path: Path) -> None:
+    t = EmbeddingTable(3, 5, ttl=10, counters=True, admit_after=2, segments=4)
+    keys = np.random.default_rng(1).integers(0, 2**64 - 1, 3000, dtype=np.uint64)
+    keys = np.unique(np.concatenate([keys, np.array([0, 2**64 - 1], dtype=np.uint64)]))
+    t.lookup_or_insert(keys, now=1)
+    idx, _ = t.lookup_or_insert(keys, now=4, init=lambda r: r.fill(0.5))
+    t.write_rows(idx, np.random.default_rng(2).random((keys.size, 5), dtype=np.float32))
+    t.count(keys[:100], clicks=np.ones(100, np.int64))
+    t.lookup_or_insert(np.array([777], dtype=np.uint64))  # one sighting in the sketch only
+    path = tmp_path / "shard0.tbl"
+    t.save(path, chunk_rows=256)
+    assert [p.name for p in tmp_path.iterdir()] == ["shard0.tbl"]  # no temp file left behind
+    u = EmbeddingTable.load(path)
+    assert len(u) == len(t)
+    np.testing.assert_array_equal(u.rows(u.lookup(keys)), t.rows(t.lookup(keys)))
+    np.testing.assert_array_equal(u.counters(u.lookup(keys)), t.counters(t.lookup(keys)))
+    assert u.expire(13) == 0 and u.expire(14) == len(keys)  # ages survived the round trip
+    assert u.lookup_or_insert(np.array([777], dtype=np.uint64))[0][0] >= 0  # second sighting
+    got = {
+        k: r.tolist() for ks, rs in t.iter_chunks() for k, r in zip(ks.tolist(), rs, strict=True)
+    }
+    assert set(got) == set(keys.tolist())
+
+
+def test_load_rejects_a_truncated_file(tmp_path: Path) -> None:
+    t = EmbeddingTable(2)
+    t.lookup_or_insert(np.arange(100, dtype=np.uint64))
+    path = tmp_path / "t.tbl"
+    t.save(path)
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(ValueError, match=r"truncated|corrupt"):
+        EmbeddingTable.load(path)
+    path.write_bytes(b"nope")
+    with pytest.raises(ValueError, match="not an embedding-table file"):
+        EmbeddingTable.load(path)
+
+
+def test_memory_stays_within_budget_while_growing() -> None:
+    t = EmbeddingTable(16, 17, ttl=100, segments=8)
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(25):
+        t.lookup_or_insert(rng.integers(0, 2**64 - 1, 8000, dtype=np.uint64), now=0)
+        ratios.append(t.memory_report()["ratio"])
+    assert len(t) == 200_000
+    assert max(ratios[5:]) <= 1.2, ratios
+
+
+def test_table_full_error_names_the_fix() -> None:
+    t = EmbeddingTable(1, max_rows=100, segments=2)
+    with pytest.raises(TableFullError, match="larger max_rows"):
+        t.lookup_or_insert(np.arange(20_000, dtype=np.uint64))
