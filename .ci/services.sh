@@ -38,3 +38,28 @@ if ! port_open 127.0.0.1 5432; then
 else
     echo "services: postgresql answers on 127.0.0.1:5432"
 fi
+
+# NATS with JetStream: the online-training stream tests (coadapt.sparse.stream) use it.
+if ! port_open 127.0.0.1 4222; then
+    command -v nats-server >/dev/null 2>&1 || apt_install nats-server
+    nats_dir="${TMPDIR:-/tmp}/coadapt-nats"
+    mkdir -p "$nats_dir"
+    setsid nohup nats-server -a 127.0.0.1 -p 4222 -js -sd "$nats_dir" \
+        >"$nats_dir/nats-server.log" 2>&1 < /dev/null &
+    wait_port nats 4222
+else
+    echo "services: nats answers on 127.0.0.1:4222"
+fi
+
+# Redis: the Redis Streams source of coadapt.sparse.stream. No persistence: tests only.
+if ! port_open 127.0.0.1 6379; then
+    command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+    # The Debian package may have started its own service on install; only start one if not.
+    if ! port_open 127.0.0.1 6379; then
+        redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no --daemonize yes \
+            --logfile "${TMPDIR:-/tmp}/coadapt-redis.log" >/dev/null
+    fi
+    wait_port redis 6379
+else
+    echo "services: redis answers on 127.0.0.1:6379"
+fi

@@ -1,0 +1,451 @@
+"""Push-side compression of sparse embedding gradients, with worker-side error feedback.
+
+A worker pushes ``(n, dim)`` float32 gradients for ``n`` unique 64-bit ids. Uncompressed that
+costs ``n * (8 + 4*dim)`` bytes (:func:`raw_nbytes`). :class:`GradientCompressor` shrinks it:
+
+* values: ``fp32`` (exact), ``int8`` (per-row scale ``max|g|/127``, round to nearest) or
+  ``ternary`` (TernGrad: per-row scale ``max|g|``, values in {-1, 0, +1} packed 4 per byte;
+  stochastic with a seeded rng — unbiased — or deterministic rounding);
+* sparsification: ``topk`` keeps the ``density`` fraction of *rows* with the largest L2 norm;
+  ``threshold`` keeps the *elements* with ``|g| >= threshold`` (a per-row bitmap says which).
+  Top-k works on rows on purpose: every sent row costs an 8-byte id, so at 1 % density
+  element-wise selection would spend more on ids and indices than the 99 % target allows.
+
+Error feedback: whatever is not delivered (unsent rows, masked elements, rounding error) is
+kept in a per-id residual and added to that id's next gradient, so no gradient mass is lost,
+only delayed. Residuals live in :class:`ResidualTable`, bounded by ``residual_capacity`` rows:
+when full, the least recently touched residuals are evicted — ``on_evict="flush"`` sends them
+exactly (fp32) in the same message (lossless, costs bytes), ``"drop"`` discards them and counts
+the discarded mass in :attr:`GradientCompressor.dropped_l1`.
+
+Wire format (little-endian, no pickle), produced by :meth:`GradientCompressor.encode` and read
+by :func:`decode`::
+
+    header  "<4sBBHIIII": magic b"CGC1", codec (0 fp32, 1 int8, 2 ternary), flags (bit 0:
+            element bitmap present), reserved, dim, n_rows, n_values, n_flush
+    ids     uint64[n_rows]
+    scales  float32[n_rows]                  (int8 / ternary only)
+    bitmap  uint8[n_rows, ceil(dim / 8)]     (flag bit 0; little bit order)
+    values  float32 | int8 [n_values], or uint8[ceil(n_values / 4)] for ternary (2-bit codes)
+    flush   uint64[n_flush] ids, then float32[n_flush, dim] exact residuals
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = [
+    "CompressionConfig",
+    "GradientCompressor",
+    "ResidualTable",
+    "decode",
+    "raw_nbytes",
+]
+
+_MAGIC = b"CGC1"
+_HEADER = struct.Struct("<4sBBHIIII")
+_CODECS = {"fp32": 0, "int8": 1, "ternary": 2}
+_CODEC_NAMES = {v: k for k, v in _CODECS.items()}
+_FLAG_MASK = 1
+
+ValueCodec = Literal["fp32", "int8", "ternary"]
+Sparsifier = Literal["none", "topk", "threshold"]
+EvictPolicy = Literal["flush", "drop"]
+
+
+def raw_nbytes(n_rows: int, dim: int) -> int:
+    """Bytes of the uncompressed push: an 8-byte id and ``dim`` float32 values per row."""
+    return n_rows * (8 + 4 * dim)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """How pushes are compressed; see the module docstring for the meaning of each knob."""
+
+    values: ValueCodec = "int8"
+    sparsify: Sparsifier = "none"
+    density: float = 0.01
+    threshold: float = 0.0
+    stochastic: bool = False
+    error_feedback: bool = True
+    residual_capacity: int = 1_000_000
+    on_evict: EvictPolicy = "flush"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.values not in _CODECS:
+            raise ValueError(f"values must be one of {sorted(_CODECS)}, got {self.values!r}")
+        if self.sparsify not in ("none", "topk", "threshold"):
+            raise ValueError(
+                f"sparsify must be 'none', 'topk' or 'threshold', got {self.sparsify!r}"
+            )
+        if not 0 < self.density <= 1:
+            raise ValueError(
+                f"density must be in (0, 1] (fraction of rows kept), got {self.density}"
+            )
+        if not (math.isfinite(self.threshold) and self.threshold >= 0):
+            raise ValueError(f"threshold must be a finite number >= 0, got {self.threshold}")
+        if self.residual_capacity < 0:
+            raise ValueError(f"residual_capacity must be >= 0 rows, got {self.residual_capacity}")
+        if self.on_evict not in ("flush", "drop"):
+            raise ValueError(f"on_evict must be 'flush' or 'drop', got {self.on_evict!r}")
+
+
+class ResidualTable:
+    """Per-id residual rows with a hard bound on memory.
+
+    Keys are a sorted ``uint64`` array (vectorised ``searchsorted`` lookups, no per-id Python
+    objects); rows live in a float32 buffer that grows by doubling up to ``capacity`` rows. Memory
+    is at most ``capacity * (4*dim + 24)`` bytes: the row, its key, slot index and last-touch
+    stamp.
+    """
+
+    def __init__(self, dim: int, capacity: int) -> None:
+        self.dim = dim
+        self.capacity = capacity
+        self._keys = np.empty(0, dtype=np.uint64)
+        self._slots = np.empty(0, dtype=np.int64)
+        self._buf = np.empty((0, dim), dtype=np.float32)
+        self._stamp = np.empty(0, dtype=np.int64)
+        self._free = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._keys.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (buffers included)."""
+        return int(
+            self._keys.nbytes
+            + self._slots.nbytes
+            + self._buf.nbytes
+            + self._stamp.nbytes
+            + self._free.nbytes
+        )
+
+    def pop(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the residuals of ``ids``; returns (positions in ``ids`` that had one, rows)."""
+        size = self._keys.size
+        if size == 0 or ids.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty((0, self.dim), dtype=np.float32)
+        pos = np.minimum(np.searchsorted(self._keys, ids), size - 1)
+        hit = self._keys[pos] == ids
+        where = pos[hit]
+        return np.flatnonzero(hit), self._remove(where)
+
+    def insert(self, ids: np.ndarray, rows: np.ndarray, stamp: int) -> None:
+        """Add residuals for ids that are not in the table (the caller popped them first)."""
+        if ids.size == 0:
+            return
+        order = np.argsort(ids, kind="stable")
+        ids, rows = ids[order], rows[order]
+        slots = self._take_slots(ids.size)
+        self._buf[slots] = rows
+        self._stamp[slots] = stamp
+        at = np.searchsorted(self._keys, ids)
+        self._keys = np.insert(self._keys, at, ids)
+        self._slots = np.insert(self._slots, at, slots)
+
+    def evict_oldest(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the ``count`` least recently touched residuals (ties: smaller id first)."""
+        if count <= 0:
+            return np.empty(0, dtype=np.uint64), np.empty((0, self.dim), dtype=np.float32)
+        order = np.lexsort((self._keys, self._stamp[self._slots]))[:count]
+        where = np.sort(order)
+        ids = self._keys[where].copy()
+        return ids, self._remove(where)
+
+    def total(self) -> np.ndarray:
+        """Sum of all residual rows, float64 (dim,): the mass not delivered yet."""
+        return self._buf[self._slots].sum(axis=0, dtype=np.float64)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """All (ids, rows), ids sorted; copies."""
+        return self._keys.copy(), self._buf[self._slots].copy()
+
+    def _remove(self, where: np.ndarray) -> np.ndarray:
+        slots = self._slots[where]
+        rows = self._buf[slots].copy()
+        keep = np.ones(self._keys.size, dtype=bool)
+        keep[where] = False
+        self._keys = self._keys[keep]
+        self._slots = self._slots[keep]
+        self._free = np.concatenate([self._free, slots])
+        return rows
+
+    def _take_slots(self, m: int) -> np.ndarray:
+        if self._free.size < m:
+            have = self._buf.shape[0]
+            need = have + (m - self._free.size)
+            new = min(max(need, 2 * have, 1024), max(self.capacity, need))
+            buf = np.empty((new, self.dim), dtype=np.float32)
+            buf[:have] = self._buf
+            stamp = np.zeros(new, dtype=np.int64)
+            stamp[:have] = self._stamp
+            self._buf, self._stamp = buf, stamp
+            self._free = np.concatenate([self._free, np.arange(have, new, dtype=np.int64)])
+        slots, self._free = self._free[:m], self._free[m:]
+        return slots
+
+
+def _as_ids(ids: np.ndarray) -> np.ndarray:
+    """Integer ids as uint64; signed int64 (what torch hands out) is reinterpreted bit-for-bit."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(
+            f"ids must be a 1-D integer array of feature ids, got {arr.dtype} {arr.shape}"
+        )
+    if arr.dtype.kind == "i":
+        return arr.astype(np.int64, copy=False).view(np.uint64)
+    return arr.astype(np.uint64, copy=False)
+
+
+class GradientCompressor:
+    """Compress one worker's pushes for one table; keeps that table's residuals."""
+
+    def __init__(self, dim: int, config: CompressionConfig | None = None) -> None:
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        self.dim = dim
+        self.config = config or CompressionConfig()
+        self.residuals = ResidualTable(dim, self.config.residual_capacity)
+        self._rng = np.random.default_rng(self.config.seed)
+        self.pushes = 0
+        self.bytes_raw = 0
+        self.bytes_sent = 0
+        self.flushed_rows = 0
+        self.dropped_l1 = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Bytes sent / raw bytes over all pushes so far (0.01 means 99 % fewer bytes)."""
+        return self.bytes_sent / self.bytes_raw if self.bytes_raw else 0.0
+
+    def encode(self, ids: np.ndarray, grads: np.ndarray) -> bytes:
+        """Compress the gradients of unique ``ids``; returns the wire bytes for :func:`decode`."""
+        cfg = self.config
+        ids = _as_ids(ids)
+        if (
+            not isinstance(grads, np.ndarray)
+            or grads.dtype != np.float32
+            or grads.shape != (ids.size, self.dim)
+        ):
+            raise ValueError(
+                f"grads must be float32 ({ids.size}, {self.dim}), got "
+                f"{getattr(grads, 'dtype', type(grads).__name__)} {getattr(grads, 'shape', '?')}"
+            )
+        if np.unique(ids).size != ids.size:
+            raise ValueError("ids must be unique: sum the gradients of repeated ids before pushing")
+        self.pushes += 1
+        acc = grads.copy()
+        if cfg.error_feedback:
+            at, rows = self.residuals.pop(ids)
+            acc[at] += rows
+
+        sel, mask = self._select(acc)
+        codes, scales, sent = self._quantise(acc[sel], None if mask is None else mask[sel])
+
+        flush_ids = np.empty(0, dtype=np.uint64)
+        flush_rows = np.empty((0, self.dim), dtype=np.float32)
+        if cfg.error_feedback:
+            residual = acc
+            residual[sel] -= sent
+            keep = np.flatnonzero(np.any(residual != 0, axis=1))
+            flush_ids, flush_rows = self._store(ids[keep], residual[keep])
+
+        payload = self._pack(ids[sel], scales, mask if mask is None else mask[sel], codes)
+        payload += flush_ids.astype("<u8").tobytes() + flush_rows.astype("<f4").tobytes()
+        # n_flush lives in the header; patch it now that it is known.
+        header = bytearray(payload[: _HEADER.size])
+        struct.pack_into("<I", header, _HEADER.size - 4, flush_ids.size)
+        out = bytes(header) + payload[_HEADER.size :]
+        self.bytes_raw += raw_nbytes(ids.size, self.dim)
+        self.bytes_sent += len(out)
+        return out
+
+    def flush(self) -> bytes:
+        """Send every pending residual exactly (e.g. before a checkpoint); empties the table."""
+        ids, rows = self.residuals.evict_oldest(len(self.residuals))
+        header = _HEADER.pack(_MAGIC, _CODECS["fp32"], 0, 0, self.dim, 0, 0, ids.size)
+        out = header + ids.astype("<u8").tobytes() + rows.astype("<f4").tobytes()
+        self.flushed_rows += ids.size
+        self.bytes_sent += len(out)
+        return out
+
+    def _select(self, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        cfg, n = self.config, acc.shape[0]
+        if cfg.sparsify == "topk":
+            k = min(n, max(1, math.ceil(cfg.density * n))) if n else 0
+            if k == n:
+                return np.arange(n), None
+            norms = np.einsum("ij,ij->i", acc, acc)
+            top = np.argpartition(-norms, k - 1)[:k]
+            return np.sort(top), None
+        if cfg.sparsify == "threshold":
+            mask = np.abs(acc) >= np.float32(cfg.threshold)
+            mask &= acc != 0
+            return np.flatnonzero(mask.any(axis=1)), mask
+        return np.arange(n), None
+
+    def _quantise(
+        self, x: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return (codes of the kept elements, per-row scales, decoded rows as the server sees)."""
+        codec = self.config.values
+        kept = x if mask is None else np.where(mask, x, np.float32(0))
+        if codec == "fp32":
+            codes = kept if mask is None else kept[mask]
+            return np.ascontiguousarray(codes, dtype=np.float32), np.empty(0, np.float32), kept
+        amax = np.abs(kept).max(axis=1) if kept.shape[0] else np.empty(0, np.float32)
+        levels = np.float32(127.0 if codec == "int8" else 1.0)
+        scales = (amax / levels).astype(np.float32)
+        safe = np.where(scales > 0, scales, np.float32(1.0))[:, None]
+        y = kept / safe
+        if codec == "int8":
+            q = np.clip(np.rint(y), -127, 127)
+        elif self.config.stochastic:
+            u = self._rng.random(y.shape, dtype=np.float32)
+            q = np.sign(y) * (u < np.abs(y))
+        else:
+            q = np.sign(y) * (np.abs(y) >= np.float32(0.5))
+        q = q.astype(np.int8)
+        decoded = q.astype(np.float32) * scales[:, None]
+        codes = q.reshape(-1) if mask is None else q[mask]
+        return codes, scales, decoded
+
+    def _store(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keep residuals within capacity; returns what must be flushed in this message."""
+        table, cap = self.residuals, self.config.residual_capacity
+        excess_new = max(0, ids.size - cap)
+        out_ids: list[np.ndarray] = []
+        out_rows: list[np.ndarray] = []
+        if excess_new:  # more new residuals than the table can ever hold: the smallest go.
+            norms = np.einsum("ij,ij->i", rows, rows)
+            order = np.lexsort((ids, norms))
+            out_ids.append(ids[order[:excess_new]])
+            out_rows.append(rows[order[:excess_new]])
+            ids, rows = ids[order[excess_new:]], rows[order[excess_new:]]
+        over = len(table) + ids.size - cap
+        if over > 0:
+            old_ids, old_rows = table.evict_oldest(over)
+            out_ids.append(old_ids)
+            out_rows.append(old_rows)
+        table.insert(ids, rows, self.pushes)
+        if not out_ids:
+            return np.empty(0, dtype=np.uint64), np.empty((0, self.dim), dtype=np.float32)
+        ev_ids, ev_rows = np.concatenate(out_ids), np.concatenate(out_rows)
+        if self.config.on_evict == "drop":
+            self.dropped_l1 += float(np.abs(ev_rows).sum(dtype=np.float64))
+            return np.empty(0, dtype=np.uint64), np.empty((0, self.dim), dtype=np.float32)
+        self.flushed_rows += ev_ids.size
+        return ev_ids, ev_rows
+
+    def _pack(
+        self, ids: np.ndarray, scales: np.ndarray, mask: np.ndarray | None, codes: np.ndarray
+    ) -> bytes:
+        codec = _CODECS[self.config.values]
+        flags = _FLAG_MASK if mask is not None else 0
+        parts = [
+            _HEADER.pack(_MAGIC, codec, flags, 0, self.dim, ids.size, codes.size, 0),
+            ids.astype("<u8").tobytes(),
+        ]
+        if codec != _CODECS["fp32"]:
+            parts.append(scales.astype("<f4").tobytes())
+        if mask is not None:
+            parts.append(np.packbits(mask, axis=1, bitorder="little").tobytes())
+        if codec == _CODECS["fp32"]:
+            parts.append(codes.astype("<f4").tobytes())
+        elif codec == _CODECS["int8"]:
+            parts.append(codes.astype(np.int8).tobytes())
+        else:
+            parts.append(_pack2(codes))
+        return b"".join(parts)
+
+
+def _pack2(q: np.ndarray) -> bytes:
+    """Ternary {-1, 0, 1} → 2-bit codes {0, 1, 2}, four per byte (first value in the low bits)."""
+    c = (q.astype(np.int16) + 1).astype(np.uint8)
+    pad = (-c.size) % 4
+    if pad:
+        c = np.concatenate([c, np.ones(pad, dtype=np.uint8)])
+    c = c.reshape(-1, 4)
+    packed = c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6)
+    return packed.astype(np.uint8).tobytes()
+
+
+def _unpack2(buf: np.ndarray, count: int) -> np.ndarray:
+    c = np.stack([(buf >> s) & 3 for s in (0, 2, 4, 6)], axis=1).reshape(-1)[:count]
+    if c.size and c.max() > 2:
+        raise ValueError("corrupt ternary payload: 2-bit code 3 is not a valid value")
+    return c.astype(np.int8) - 1
+
+
+class _Reader:
+    def __init__(self, payload: bytes) -> None:
+        self.buf = memoryview(payload)
+        self.pos = _HEADER.size
+
+    def take(self, dtype: str, count: int) -> np.ndarray:
+        size = np.dtype(dtype).itemsize * count
+        if self.pos + size > len(self.buf):
+            raise ValueError(
+                f"truncated gradient payload: needs {self.pos + size} bytes, has {len(self.buf)}"
+            )
+        arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
+        self.pos += size
+        return arr
+
+
+def decode(payload: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one push into (unique uint64 ids, float32 (n, dim) gradients) for the server.
+
+    Rows appearing twice (a sent row whose residual was also flushed) are summed.
+    """
+    if len(payload) < _HEADER.size:
+        raise ValueError(f"not a gradient payload: {len(payload)} bytes, header is {_HEADER.size}")
+    magic, codec, flags, _, dim, n_rows, n_values, n_flush = _HEADER.unpack_from(payload)
+    if magic != _MAGIC:
+        raise ValueError(f"not a gradient payload: magic {magic!r}, expected {_MAGIC!r}")
+    if codec not in _CODEC_NAMES:
+        raise ValueError(f"unknown value codec {codec} in gradient payload")
+    r = _Reader(payload)
+    ids = r.take("<u8", n_rows)
+    scales = r.take("<f4", n_rows) if codec != _CODECS["fp32"] else None
+    mask: np.ndarray | None = None
+    if flags & _FLAG_MASK:
+        nb = (dim + 7) // 8
+        bits = r.take("u1", n_rows * nb).reshape(n_rows, nb)
+        mask = np.unpackbits(bits, axis=1, count=dim, bitorder="little").astype(bool)
+        if int(mask.sum()) != n_values:
+            raise ValueError("corrupt gradient payload: bitmap and value count disagree")
+    elif n_values != n_rows * dim:
+        raise ValueError("corrupt gradient payload: value count is not n_rows * dim")
+    if codec == _CODECS["fp32"]:
+        vals = r.take("<f4", n_values)
+    elif codec == _CODECS["int8"]:
+        vals = r.take("i1", n_values).astype(np.float32)
+    else:
+        vals = _unpack2(r.take("u1", (n_values + 3) // 4), n_values).astype(np.float32)
+    rows = np.zeros((n_rows, dim), dtype=np.float32)
+    if mask is None:
+        rows[:] = vals.reshape(n_rows, dim)
+    else:
+        rows[mask] = vals
+    if scales is not None:
+        rows *= scales[:, None]
+    f_ids = r.take("<u8", n_flush)
+    f_rows = r.take("<f4", n_flush * dim).reshape(n_flush, dim)
+    if r.pos != len(payload):
+        raise ValueError(f"corrupt gradient payload: {len(payload) - r.pos} trailing bytes")
+    if n_flush == 0:
+        return ids, rows
+    all_ids = np.concatenate([ids, f_ids])
+    uniq, inv = np.unique(all_ids, return_inverse=True)
+    out = np.zeros((uniq.size, dim), dtype=np.float32)
+    np.add.at(out, inv, np.concatenate([rows, f_rows]))
+    return uniq, out
