@@ -89,6 +89,17 @@ def _write(path: Path, text: str) -> None:
         fh.write(text)
 
 
+def _can_limit(parent: Path, limit_file: str) -> bool:
+    """Whether a child cgroup of ``parent`` takes a memory limit (made and removed again)."""
+    probe = parent / f"probe-{os.getpid()}"
+    probe.mkdir(exist_ok=True)
+    try:
+        _write(probe / limit_file, str(64 << 20))
+    finally:
+        probe.rmdir()
+    return True
+
+
 def _try_parent_v2(parent: Path) -> bool:
     """Make ``parent`` a cgroup whose children get the memory controller."""
     try:
@@ -97,13 +108,7 @@ def _try_parent_v2(parent: Path) -> bool:
             _write(parent.parent / "cgroup.subtree_control", "+memory")
         if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
             _write(parent / "cgroup.subtree_control", "+memory")
-        probe = parent / f"probe-{os.getpid()}"
-        probe.mkdir(exist_ok=True)
-        try:
-            _write(probe / "memory.max", str(64 << 20))
-        finally:
-            probe.rmdir()
-        return True
+        return _can_limit(parent, "memory.max")
     except OSError:
         return False
 
@@ -111,13 +116,7 @@ def _try_parent_v2(parent: Path) -> bool:
 def _try_parent_v1(parent: Path) -> bool:
     try:
         parent.mkdir(exist_ok=True)
-        probe = parent / f"probe-{os.getpid()}"
-        probe.mkdir(exist_ok=True)
-        try:
-            _write(probe / "memory.limit_in_bytes", str(64 << 20))
-        finally:
-            probe.rmdir()
-        return True
+        return _can_limit(parent, "memory.limit_in_bytes")
     except OSError:
         return False
 

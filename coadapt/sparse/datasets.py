@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from coadapt.sparse._atomic import atomic_writer
 from coadapt.sparse._hashing import mix64
 
 __all__ = [
@@ -283,24 +284,16 @@ def generate(
 ) -> GenerationResult:
     """Stream ``cfg.rows`` rows to ``out`` (atomically) and write ``out + '.planted.json'``."""
     dest = Path(out)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     hist = _AucHistogram()
     t0 = time.perf_counter()
     done = 0
-    try:
-        with open(tmp, "wb") as f:
-            for ch in iter_planted(cfg):
-                f.write(format_criteo(ch.labels, ch.dense, ch.cats, ch.cat_missing))
-                hist.add(ch.logit, ch.labels)
-                done += ch.labels.size
-                if progress is not None:
-                    progress(done, cfg.rows, time.perf_counter() - t0)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_writer(dest) as f:
+        for ch in iter_planted(cfg):
+            f.write(format_criteo(ch.labels, ch.dense, ch.cats, ch.cat_missing))
+            hist.add(ch.logit, ch.labels)
+            done += ch.labels.size
+            if progress is not None:
+                progress(done, cfg.rows, time.perf_counter() - t0)
     result = GenerationResult(
         path=str(dest),
         meta_path=str(dest) + ".planted.json",

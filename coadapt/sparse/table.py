@@ -33,12 +33,12 @@ import os
 import struct
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 
+from coadapt.sparse._atomic import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64, unmix64
 
 __all__ = ["CountMinSketch", "EmbeddingTable", "TableFullError"]
@@ -727,42 +727,26 @@ class EmbeddingTable:
 
     def save(self, path: str | os.PathLike[str], chunk_rows: int = 65536) -> None:
         """Write the table atomically (temp file + fsync + rename) in one streaming file."""
-        dest = Path(path)
-        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
         header = dict(self._config(), rows=len(self), quantum=self._quantum)
         if self.sketch is not None:
             header["sketch_added"] = self.sketch.added
             header["sketch_reset_after"] = self.sketch.reset_after
         blob = json.dumps(header).encode()
-        try:
-            with open(tmp, "wb") as f:
-                f.write(_MAGIC + struct.pack("<Q", len(blob)) + blob)
-                for occ, s in self._iter_slots(chunk_rows):
-                    f.write(struct.pack("<Q", occ.size))
-                    keys = self._original_keys(self._keys[occ], np.full(occ.size, s, np.int64))
-                    f.write(keys.astype("<u8").tobytes())
-                    f.write(self._rows[occ].astype("<f4").tobytes())
-                    if self._age is not None:
-                        f.write(self._age[occ].astype(self._age.dtype.newbyteorder("<")).tobytes())
-                    if self._cnt is not None:
-                        f.write(self._cnt[occ].astype("<u4").tobytes())
-                f.write(struct.pack("<Q", 0))
-                if self.sketch is not None:
-                    f.write(self.sketch.table.tobytes())
-                f.write(_END)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        dfd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        except OSError:  # pragma: no cover - some filesystems refuse directory fsync
-            pass
-        finally:
-            os.close(dfd)
+        with atomic_writer(path) as f:
+            f.write(_MAGIC + struct.pack("<Q", len(blob)) + blob)
+            for occ, s in self._iter_slots(chunk_rows):
+                f.write(struct.pack("<Q", occ.size))
+                keys = self._original_keys(self._keys[occ], np.full(occ.size, s, np.int64))
+                f.write(keys.astype("<u8").tobytes())
+                f.write(self._rows[occ].astype("<f4").tobytes())
+                if self._age is not None:
+                    f.write(self._age[occ].astype(self._age.dtype.newbyteorder("<")).tobytes())
+                if self._cnt is not None:
+                    f.write(self._cnt[occ].astype("<u4").tobytes())
+            f.write(struct.pack("<Q", 0))
+            if self.sketch is not None:
+                f.write(self.sketch.table.tobytes())
+            f.write(_END)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_rows: int | None = None) -> EmbeddingTable:
