@@ -1,0 +1,415 @@
+"""Worker side of the parameter server: dedupe, shard, pull/push in parallel, SSP row cache.
+
+A training step touches a batch's IDs of many tables. The client deduplicates them per table,
+splits the unique IDs by :func:`~coadapt.sparse.server.shard_of`, sends *one* request per shard
+carrying every table (shards in parallel threads: socket I/O releases the GIL) and scatters the
+replies back. Pushes carry gradients already summed per unique ID, optionally compressed with
+:class:`~coadapt.sparse.compress.GradientCompressor` (one per table and shard, error feedback
+included).
+
+Bounded staleness (SSP): with ``staleness = s > 0`` a pulled row is cached with the step it was
+fetched at and reused while ``step - fetched <= s``; older or unseen rows are fetched. ``s = 0``
+disables the cache: every pull reads the servers, so training is synchronous. The cache does not
+replay the worker's own pushes (the server optimizer is non-linear), so a cached row lags the
+server by at most ``s`` steps of everyone's updates, own ones included; ``max_staleness`` records
+the worst lag actually served. The cache is itself an :class:`EmbeddingTable` whose last column
+holds the fetch step (int32 bits), with ``ttl = s + 1`` so dead rows are expired, not hoarded.
+
+:class:`LocalStore` has the same ``pull``/``push`` API over an in-process
+:class:`~coadapt.sparse.server.ShardState`: no servers, for tests and single-process runs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from coadapt.sparse._hashing import as_u64_keys
+from coadapt.sparse.compress import CompressionConfig, GradientCompressor
+from coadapt.sparse.server import (
+    FLAG_COMPRESSED,
+    LEN,
+    OP_HELLO,
+    OP_PULL,
+    OP_PUSH,
+    OP_SAVE,
+    OP_SHUTDOWN,
+    OP_STATS,
+    PART,
+    REQ,
+    ShardState,
+    TableSpec,
+    recv_exact,
+    send_frame,
+    shard_of,
+)
+from coadapt.sparse.table import EmbeddingTable
+
+__all__ = ["LocalStore", "PSClient", "SparseStore", "dedupe"]
+
+U64 = npt.NDArray[np.uint64]
+F32 = npt.NDArray[np.float32]
+
+
+def dedupe(ids: npt.ArrayLike) -> tuple[U64, npt.NDArray[np.int64]]:
+    """Unique IDs (sorted) and, per input position, the index of its unique ID."""
+    keys = as_u64_keys(np.ravel(np.asarray(ids)), "ids")
+    uniq, inv = np.unique(keys, return_inverse=True)
+    return uniq, inv.astype(np.int64, copy=False)
+
+
+class SparseStore(Protocol):
+    """What :class:`~coadapt.sparse.embedding.SparseEmbedding` needs from a store."""
+
+    step: int
+
+    def dim(self, table: str) -> int: ...
+
+    def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]: ...
+
+    def push(self, grads: Mapping[str, tuple[U64, F32]]) -> None: ...
+
+
+class LocalStore:
+    """In-process store: one :class:`ShardState` (tables + row optimizers), no sockets."""
+
+    def __init__(self, tables: Sequence[TableSpec], seed: int = 0) -> None:
+        self.state = ShardState(tables, 0, 1, seed)
+        self._index = {s.name: i for i, s in enumerate(self.state.specs)}
+        self.step = 0
+
+    def _t(self, table: str) -> int:
+        try:
+            return self._index[table]
+        except KeyError:
+            raise KeyError(
+                f"no sparse table {table!r}; this store has {sorted(self._index)}"
+            ) from None
+
+    def dim(self, table: str) -> int:
+        return self.state.specs[self._t(table)].dim
+
+    def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
+        return {name: self.state.pull(self._t(name), k, now=self.step) for name, k in ids.items()}
+
+    def push(self, grads: Mapping[str, tuple[U64, F32]]) -> None:
+        for name, (k, g) in grads.items():
+            self.state.push(self._t(name), k, g, now=self.step)
+        self.step += 1
+
+
+class _Conn:
+    """One persistent socket to one shard; requests on it are serialised by a lock."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.addr = (host, port)
+        self.sock = socket.create_connection(self.addr, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.lock = threading.Lock()
+
+    def call(
+        self,
+        op: int,
+        parts: Sequence[tuple[int, int]],
+        buffers: Sequence[Any],
+        step: int = 0,
+        flags: int = 0,
+        into: memoryview | None = None,
+    ) -> memoryview:
+        head = REQ.pack(op, flags, len(parts), step) + b"".join(PART.pack(*p) for p in parts)
+        with self.lock:
+            send_frame(self.sock, head, buffers)
+            (blen,) = LEN.unpack(recv_exact(self.sock, 4))
+            status = recv_exact(self.sock, 1)[0]
+            if status != 0:
+                msg = bytes(recv_exact(self.sock, blen - 1)).decode(errors="replace")
+                raise RuntimeError(f"parameter server {self.addr[0]}:{self.addr[1]}: {msg}")
+            if into is not None and len(into) == blen - 1:
+                return recv_exact(self.sock, blen - 1, into)
+            return recv_exact(self.sock, blen - 1)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class PSClient:
+    """Client of ``num_shards`` shard servers (``addresses[i]`` serves shard ``i``).
+
+    Args:
+        addresses: ``(host, port)`` per shard, in shard order.
+        staleness: SSP bound ``s`` (0 = synchronous, no cache).
+        compression: compress pushes with this config (``None`` = exact float32).
+        timeout: socket timeout in seconds.
+        async_push: send pushes from a background thread (see :meth:`push`).
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        *,
+        staleness: int = 0,
+        compression: CompressionConfig | None = None,
+        timeout: float = 120.0,
+        async_push: bool = True,
+    ) -> None:
+        if not addresses:
+            raise ValueError("PSClient needs the address of at least one shard server")
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0 steps, got {staleness}")
+        self.conns: list[_Conn] = []
+        try:
+            for h, p in addresses:
+                self.conns.append(_Conn(h, p, timeout))
+            self._handshake(addresses)
+        except BaseException:
+            for c in self.conns:
+                c.close()
+            raise
+        self.staleness = staleness
+        self.step = 0
+        self.max_staleness = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.bytes_pushed = 0
+        self.bytes_pushed_raw = 0
+        self.compression = compression
+        self._compressors: dict[tuple[int, int], GradientCompressor] = {}
+        self._cache: dict[int, EmbeddingTable] = {}
+        self._last_expire = 0
+        self._pool = ThreadPoolExecutor(self.num_shards) if self.num_shards > 1 else None
+        self._bg = ThreadPoolExecutor(1) if async_push else None
+        self._pending: Future[None] | None = None
+
+    def _handshake(self, addresses: Sequence[tuple[str, int]]) -> None:
+        """Check every server is the shard the client thinks it is, with the same tables."""
+        self.num_shards = len(self.conns)
+        hellos = [json.loads(bytes(c.call(OP_HELLO, [], []))) for c in self.conns]
+        for i, h in enumerate(hellos):
+            if h["shard"] != i or h["num_shards"] != self.num_shards:
+                raise ValueError(
+                    f"server at {addresses[i]} is shard {h['shard']} of {h['num_shards']}, but "
+                    f"the client lists it as shard {i} of {self.num_shards}; pass addresses in "
+                    "shard order"
+                )
+            if h["specs"] != hellos[0]["specs"]:
+                raise ValueError(f"shard {i} serves different table specs than shard 0")
+        self.specs = [TableSpec.from_dict(d) for d in hellos[0]["specs"]]
+        self._index = {s.name: i for i, s in enumerate(self.specs)}
+
+    # ------------------------------------------------------------------ helpers
+    def _t(self, table: str) -> int:
+        try:
+            return self._index[table]
+        except KeyError:
+            raise KeyError(
+                f"no sparse table {table!r} on the servers; they have {sorted(self._index)}"
+            ) from None
+
+    def dim(self, table: str) -> int:
+        return self.specs[self._t(table)].dim
+
+    def _fanout(self, fn: Any, jobs: Sequence[Any]) -> list[Any]:
+        if self._pool is None:
+            return [fn(j) for j in jobs]
+        return list(self._pool.map(fn, jobs))
+
+    def _split(self, ids: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Order grouping ``ids`` by shard and the start offset of each shard's group."""
+        sh = shard_of(ids, self.num_shards)
+        order = np.argsort(sh, kind="stable")
+        bounds = np.searchsorted(sh[order], np.arange(self.num_shards + 1))
+        return order, bounds
+
+    # ------------------------------------------------------------------ pull
+    def _fetch(self, wanted: Mapping[int, U64]) -> dict[int, F32]:
+        """Read rows of unique ids from the servers: one request per shard, all tables."""
+        split = {t: self._split(k) for t, k in wanted.items()}
+
+        def one(s: int) -> tuple[int, memoryview | None]:
+            parts, bufs = [], []
+            for t, k in wanted.items():
+                order, b = split[t]
+                sel = order[b[s] : b[s + 1]]
+                parts.append((t, sel.size))
+                bufs.append(np.ascontiguousarray(k[sel]))
+            if sum(p[1] for p in parts) == 0:
+                return s, None
+            return s, self.conns[s].call(OP_PULL, parts, bufs, step=self.step)
+
+        replies = dict(self._fanout(one, range(self.num_shards)))
+        out: dict[int, F32] = {}
+        for t, k in wanted.items():
+            out[t] = np.empty((k.size, self.specs[t].dim), np.float32)
+        for s in range(self.num_shards):
+            rep = replies[s]
+            if rep is None:
+                continue
+            off = 0
+            for t in wanted:
+                order, b = split[t]
+                sel = order[b[s] : b[s + 1]]
+                dim = self.specs[t].dim
+                rows = np.frombuffer(rep, np.float32, sel.size * dim, off).reshape(-1, dim)
+                out[t][sel] = rows
+                off += 4 * sel.size * dim
+        return out
+
+    def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
+        """Rows of unique ``ids`` per table, from the SSP cache when fresh enough."""
+        self.wait()
+        ts = {self._t(name): as_u64_keys(k, "ids") for name, k in ids.items()}
+        if self.staleness == 0:
+            got = self._fetch(ts)
+            self.cache_misses += sum(k.size for k in ts.values())
+            return {self.specs[t].name: r for t, r in got.items()}
+        result: dict[int, F32] = {}
+        need: dict[int, U64] = {}
+        need_pos: dict[int, npt.NDArray[np.int64]] = {}
+        for t, k in ts.items():
+            dim = self.specs[t].dim
+            cache = self._cache.get(t)
+            if cache is None:
+                cache = EmbeddingTable(dim, dim + 1, ttl=self.staleness + 1, max_rows=1 << 22)
+                self._cache[t] = cache
+            idx = cache.lookup(k)
+            fresh = idx >= 0
+            rows = np.empty((k.size, dim), np.float32)
+            if fresh.any():
+                hit = cache.rows(idx[fresh])
+                fetched = np.ascontiguousarray(hit[:, dim]).view(np.int32).astype(np.int64)
+                age = self.step - fetched
+                ok = age <= self.staleness
+                hit_pos = np.flatnonzero(fresh)[ok]
+                rows[hit_pos] = hit[ok, :dim]
+                if ok.any():
+                    self.max_staleness = max(self.max_staleness, int(age[ok].max()))
+                fresh[np.flatnonzero(fresh)[~ok]] = False
+            self.cache_hits += int(fresh.sum())
+            miss = np.flatnonzero(~fresh)
+            self.cache_misses += miss.size
+            result[t] = rows
+            if miss.size:
+                need[t], need_pos[t] = k[miss], miss
+        if need:
+            got = self._fetch(need)
+            stamp = np.full(1, self.step, np.int32).view(np.float32)[0]
+            for t, r in got.items():
+                result[t][need_pos[t]] = r
+                full = np.empty((r.shape[0], r.shape[1] + 1), np.float32)
+                full[:, :-1] = r
+                full[:, -1] = stamp
+                self._cache[t].assign(need[t], full, now=self.step)
+        if self.step - self._last_expire > self.staleness:
+            self._last_expire = self.step
+            for cache in self._cache.values():
+                cache.expire(now=self.step)
+        return {self.specs[t].name: r for t, r in result.items()}
+
+    # ------------------------------------------------------------------ push
+    def push(self, grads: Mapping[str, tuple[U64, F32]]) -> None:
+        """Push gradients summed per unique ID (one request per shard) and advance the step.
+
+        With ``async_push`` the request is sent by a background thread and this returns at
+        once; the next pull (or save/stats/close) waits for it first, so every pull still sees
+        every earlier push (``s = 0`` stays synchronous) while the rest of the backward pass and
+        the dense optimizer step overlap with the servers' work. Errors surface at that wait.
+        """
+        self.wait()
+        ts = {self._t(n): (as_u64_keys(k, "ids"), g) for n, (k, g) in grads.items()}
+        step = self.step
+        self.step += 1
+        if self._bg is None:
+            self._push_now(ts, step)
+        else:
+            self._pending = self._bg.submit(self._push_now, ts, step)
+
+    def wait(self) -> None:
+        """Block until the outstanding asynchronous push (if any) is applied; re-raise its error."""
+        fut, self._pending = self._pending, None
+        if fut is not None:
+            fut.result()
+
+    def _push_now(self, ts: dict[int, tuple[U64, F32]], step: int) -> None:
+        split = {t: self._split(k) for t, (k, _) in ts.items()}
+
+        def one(s: int) -> int:
+            parts: list[tuple[int, int]] = []
+            id_bufs: list[Any] = []
+            g_bufs: list[Any] = []
+            for t, (k, g) in ts.items():
+                order, b = split[t]
+                sel = order[b[s] : b[s + 1]]
+                if sel.size == 0:
+                    continue
+                kk, gg = k[sel], np.ascontiguousarray(g[sel], np.float32)
+                if self.compression is not None:
+                    comp = self._compressors.get((t, s))
+                    if comp is None:
+                        comp = GradientCompressor(self.specs[t].dim, self.compression)
+                        self._compressors[(t, s)] = comp
+                    payload = comp.encode(kk, gg)
+                    parts.append((t, len(payload)))
+                    id_bufs.append(payload)
+                else:
+                    parts.append((t, sel.size))
+                    id_bufs.append(np.ascontiguousarray(kk))
+                    g_bufs.append(gg)
+            if not parts:
+                return 0
+            flags = FLAG_COMPRESSED if self.compression is not None else 0
+            self.conns[s].call(OP_PUSH, parts, id_bufs + g_bufs, step=step, flags=flags)
+            return sum(memoryview(b).nbytes for b in id_bufs + g_bufs)
+
+        sent = sum(self._fanout(one, range(self.num_shards)))
+        self.bytes_pushed += sent
+        self.bytes_pushed_raw += sum(k.size * (8 + 4 * g.shape[1]) for k, g in ts.values())
+
+    # ------------------------------------------------------------------ control
+    def save(self, meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Checkpoint every shard in parallel (one atomic file each); ``meta`` (e.g. a stream
+        offset) is stored in every shard file. Flushes compression residuals first."""
+        self.wait()
+        if self._compressors:
+            for (t, s), comp in self._compressors.items():
+                payload = comp.flush()
+                self.conns[s].call(
+                    OP_PUSH, [(t, len(payload))], [payload], step=self.step, flags=FLAG_COMPRESSED
+                )
+        body = [json.dumps(meta).encode()] if meta is not None else []
+        return self._fanout(
+            lambda s: json.loads(bytes(self.conns[s].call(OP_SAVE, [], body))),
+            range(self.num_shards),
+        )
+
+    def stats(self) -> list[dict[str, Any]]:
+        self.wait()
+        return [json.loads(bytes(c.call(OP_STATS, [], []))) for c in self.conns]
+
+    def shutdown_servers(self) -> None:
+        self.wait()
+        for c in self.conns:
+            c.call(OP_SHUTDOWN, [], [])
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            for c in self.conns:
+                c.close()
+            if self._pool is not None:
+                self._pool.shutdown()
+            if self._bg is not None:
+                self._bg.shutdown()
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,218 @@
+"""PyTorch modules whose embedding rows live in a sparse store (parameter servers or local).
+
+``SparseEmbedding`` / ``SparseEmbeddingCollection`` sit inside an ordinary ``torch.nn.Module``.
+Forward takes 64-bit feature IDs (int64 or uint64 tensors; int64 is reinterpreted bit-for-bit,
+so hashed IDs need no vocabulary), deduplicates them, pulls the unique rows from the store in one
+request and gathers/bags them with torch ops. The pulled rows enter the graph through a custom
+autograd Function (:class:`_PullRows`) that remembers which IDs they belong to; its backward
+receives the gradient of the unique rows — torch's gather backward has already summed it per
+ID — and pushes it to the store, whose server-side optimizer updates the rows. So ``backward()``
+*is* the sparse update and advances the store's step; dense parameters stay ordinary torch
+parameters for a torch optimizer (or all-reduced among workers).
+
+Without a ``store`` the module builds a :class:`~coadapt.sparse.client.LocalStore` (same API,
+in-process table + optimizer): tests and single-process runs need no servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coadapt.sparse.client import LocalStore, SparseStore, dedupe
+from coadapt.sparse.server import TableSpec
+
+__all__ = ["SparseEmbedding", "SparseEmbeddingCollection", "ids_to_numpy"]
+
+BagMode = Literal["sum", "mean"]
+
+
+def ids_to_numpy(ids: torch.Tensor) -> np.ndarray:
+    """Feature IDs as a uint64 numpy array (int64 reinterpreted bit-for-bit)."""
+    if ids.dtype not in (torch.int64, torch.uint64):
+        raise TypeError(
+            f"feature IDs must be an int64 or uint64 tensor, got {ids.dtype}; hash raw features "
+            "to 64-bit integers first (coadapt.sparse.formats.hash64)"
+        )
+    arr = ids.detach().cpu().contiguous().numpy()
+    return arr.view(np.uint64) if arr.dtype == np.int64 else arr
+
+
+@dataclass
+class _Record:
+    """What the backward pass needs: the store and the unique IDs behind each row block."""
+
+    store: SparseStore
+    names: list[str]
+    ids: list[np.ndarray]
+    bounds: list[int]
+
+    def push(self, grad: torch.Tensor) -> None:
+        g = grad.detach().to(torch.float32).contiguous().numpy()
+        self.store.push(
+            {
+                n: (k, g[self.bounds[i] : self.bounds[i + 1]])
+                for i, (n, k) in enumerate(zip(self.names, self.ids, strict=True))
+            }
+        )
+
+
+class _PullRows(torch.autograd.Function):
+    """Pulled rows as a graph leaf-like node: backward hands their gradient to the store."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, rows: np.ndarray, record: _Record) -> torch.Tensor:
+        ctx.record = record
+        return torch.from_numpy(rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.record.push(grad)
+        return None, None, None
+
+
+def _local_store(specs: Sequence[TableSpec], seed: int) -> LocalStore:
+    return LocalStore(list(specs), seed=seed)
+
+
+def _check_store(store: SparseStore, names: Sequence[str], dim: int) -> None:
+    for n in names:
+        have = store.dim(n)
+        if have != dim:
+            raise ValueError(f"sparse table {n!r} has dim {have} on the store, module asks {dim}")
+
+
+def _pull(
+    store: SparseStore, anchor: torch.Tensor, names: list[str], ids: list[np.ndarray]
+) -> tuple[torch.Tensor, list[np.ndarray], list[int]]:
+    """Dedupe per table, pull all tables at once; returns (rows tensor, inverses, bounds)."""
+    uniq, invs = [], []
+    for k in ids:
+        u, inv = dedupe(k)
+        uniq.append(u)
+        invs.append(inv)
+    got = store.pull(dict(zip(names, uniq, strict=True)))
+    bounds = [0]
+    for u in uniq:
+        bounds.append(bounds[-1] + u.size)
+    rows = got[names[0]] if len(names) == 1 else np.concatenate([got[n] for n in names])
+    if not rows.flags.writeable:
+        rows = rows.copy()
+    record = _Record(store, names, uniq, bounds)
+    if torch.is_grad_enabled():
+        out = _PullRows.apply(anchor, rows, record)
+    else:
+        out = torch.from_numpy(rows)
+    return out, invs, bounds
+
+
+class SparseEmbedding(nn.Module):
+    """One sparse table: ``forward(ids)`` for ids (B,) -> (B, dim); (B, L) -> bag over L;
+    or 1-D ids with ``offsets`` (as ``nn.EmbeddingBag``) -> (len(offsets), dim).
+
+    Args:
+        table_name: the table's name on the store.
+        dim: embedding dimension.
+        store: a :class:`~coadapt.sparse.client.PSClient` or ``LocalStore``; ``None`` builds a
+            local one from ``optimizer`` / ``hparams`` / ``admit_after`` / ``ttl``.
+        mode: ``"sum"`` or ``"mean"`` for bags.
+    """
+
+    def __init__(
+        self,
+        table_name: str,
+        dim: int,
+        *,
+        store: SparseStore | None = None,
+        mode: BagMode = "sum",
+        optimizer: str = "rowwise_adagrad",
+        hparams: Mapping[str, float] | None = None,
+        admit_after: int = 1,
+        ttl: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        spec = TableSpec(table_name, dim, optimizer, dict(hparams or {}), admit_after, ttl)
+        self.store: SparseStore = store if store is not None else _local_store([spec], seed)
+        _check_store(self.store, [table_name], dim)
+        self.table_name = table_name
+        self.dim = dim
+        self.mode = mode
+        # Gives the custom Function an input that requires grad, so backward reaches it.
+        self._anchor = torch.zeros(0, requires_grad=True)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        flat = ids_to_numpy(ids).reshape(-1)
+        rows, invs, _ = _pull(self.store, self._anchor, [self.table_name], [flat])
+        inv = torch.from_numpy(invs[0])
+        if offsets is not None:
+            if ids.dim() != 1:
+                raise ValueError("with offsets, ids must be 1-D (as for nn.EmbeddingBag)")
+            return F.embedding_bag(inv, rows, offsets, mode=self.mode)
+        if ids.dim() == 1:
+            return F.embedding(inv, rows)
+        if ids.dim() == 2:
+            return F.embedding_bag(inv.view(ids.shape), rows, mode=self.mode)
+        raise ValueError(
+            f"ids must be (B,), (B, L) or 1-D with offsets, got shape {tuple(ids.shape)}"
+        )
+
+
+class SparseEmbeddingCollection(nn.Module):
+    """One sparse table per categorical field, all pulled and pushed in one request per shard.
+
+    ``forward(ids)`` for ids (B, F) -> (B, F, dim); (B, F, L) -> (B, F, dim) bagged over L.
+    """
+
+    def __init__(
+        self,
+        table_names: Sequence[str],
+        dim: int,
+        *,
+        store: SparseStore | None = None,
+        mode: BagMode = "sum",
+        optimizer: str = "rowwise_adagrad",
+        hparams: Mapping[str, float] | None = None,
+        admit_after: int = 1,
+        ttl: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not table_names:
+            raise ValueError("SparseEmbeddingCollection needs at least one table name")
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        specs = [
+            TableSpec(n, dim, optimizer, dict(hparams or {}), admit_after, ttl) for n in table_names
+        ]
+        self.store: SparseStore = store if store is not None else _local_store(specs, seed)
+        _check_store(self.store, table_names, dim)
+        self.table_names = list(table_names)
+        self.dim = dim
+        self.mode = mode
+        self._anchor = torch.zeros(0, requires_grad=True)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        nf = len(self.table_names)
+        if ids.dim() not in (2, 3) or ids.shape[1] != nf:
+            raise ValueError(
+                f"ids must be (B, {nf}) or (B, {nf}, L) for {nf} tables, got {tuple(ids.shape)}"
+            )
+        arr = ids_to_numpy(ids)
+        cols = [np.ascontiguousarray(arr[:, f]).reshape(-1) for f in range(nf)]
+        rows, invs, bounds = _pull(self.store, self._anchor, self.table_names, cols)
+        b = ids.shape[0]
+        per = [inv.reshape(b, -1) + bounds[f] for f, inv in enumerate(invs)]
+        glob = torch.from_numpy(np.stack(per, axis=1))  # (B, F, L)
+        if ids.dim() == 2:
+            return F.embedding(glob[:, :, 0], rows)
+        flat = F.embedding_bag(glob.reshape(b * nf, -1), rows, mode=self.mode)
+        return flat.view(b, nf, self.dim)

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from coadapt.sparse.client import LocalStore, PSClient, dedupe
+from coadapt.sparse.compress import CompressionConfig
+from coadapt.sparse.embedding import SparseEmbeddingCollection
+from coadapt.sparse.server import ServerProcess, TableSpec, running_servers
+
+DIM, NF, VOCAB = 4, 3, 40
+HP = {"lr": 0.1, "init_scale": 0.1}
+REF = [TableSpec(f"ref{f}", DIM, "adagrad", HP) for f in range(NF)]
+REF_SYNC = [TableSpec(f"refsync{f}", DIM, "adagrad", HP) for f in range(NF)]
+SSP = [TableSpec(f"ssp{f}", DIM, "adagrad", {"lr": 0.1, "init_scale": 0.1}) for f in range(NF)]
+CMP = [TableSpec(f"cmp{f}", DIM, "adagrad", {"lr": 0.1, "init_scale": 0.1}) for f in range(NF)]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    with running_servers(REF + REF_SYNC + SSP + CMP, 2, tmp_path_factory.mktemp("ps")) as procs:
+        yield procs
+
+
+def _vocab(seed: int) -> np.ndarray:
+    """Per field, VOCAB random 64-bit IDs (the full uint64 range, 0 and 2**64-1 included)."""
+    v = np.random.default_rng(seed).integers(0, 2**64 - 1, (NF, VOCAB), dtype=np.uint64)
+    v[0, 0], v[1, 0] = 0, 2**64 - 1
+    return v
+
+
+def _batch(rng: np.random.Generator, vocab: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index batch (b, NF) into the vocab and the matching feature IDs; duplicates on purpose."""
+    idx = rng.integers(0, VOCAB // 2, (b, NF))
+    return idx, np.stack([vocab[f][idx[:, f]] for f in range(NF)], axis=1)
+
+
+_PLANTED = np.random.default_rng(7).normal(size=(NF, VOCAB))
+
+
+def _labels(idx: np.ndarray) -> torch.Tensor:
+    """Learnable labels: the sign of a planted per-ID weight sum."""
+    score = sum(_PLANTED[f][idx[:, f]] for f in range(NF))
+    return torch.from_numpy((score > 0).astype(np.float32))
+
+
+def test_dedupe() -> None:
+    u, inv = dedupe(np.array([[7, 3], [7, -1]], np.int64))
+    assert u.tolist() == [3, 7, 2**64 - 1]
+    assert u[inv].tolist() == [7, 3, 7, 2**64 - 1]
+
+
+@pytest.mark.parametrize("async_push", [True, False])
+def test_s0_with_two_shards_equals_dense_pytorch_reference(
+    servers: list[ServerProcess], async_push: bool
+) -> None:
+    vocab = _vocab(1)
+    specs = REF if async_push else REF_SYNC  # fresh tables: the reference starts from zero state
+    with PSClient([p.address for p in servers], staleness=0, async_push=async_push) as client:
+        emb = SparseEmbeddingCollection([s.name for s in specs], DIM, store=client)
+        # The reference starts from the servers' initial rows (pull creates them).
+        init = client.pull({s.name: vocab[f] for f, s in enumerate(specs)})
+        ref_emb = nn.ModuleList(
+            nn.Embedding.from_pretrained(torch.from_numpy(init[s.name].copy()), freeze=False)
+            for s in specs
+        )
+        torch.manual_seed(0)
+        head = nn.Linear(NF * DIM, 1)
+        ref_head = nn.Linear(NF * DIM, 1)
+        ref_head.load_state_dict(head.state_dict())
+        opt = torch.optim.SGD(head.parameters(), lr=0.05)
+        ref_opt = torch.optim.SGD(ref_head.parameters(), lr=0.05)
+        ref_sparse = torch.optim.Adagrad(ref_emb.parameters(), lr=0.1, eps=1e-10)
+        rng = np.random.default_rng(2)
+        loss_fn = nn.BCEWithLogitsLoss()
+        for _ in range(6):
+            idx, ids = _batch(rng, vocab, 32)
+            y = _labels(idx)
+            opt.zero_grad()
+            loss = loss_fn(head(emb(torch.from_numpy(ids.view(np.int64))).flatten(1)).squeeze(1), y)
+            loss.backward()
+            opt.step()
+            ref_opt.zero_grad()
+            ref_sparse.zero_grad()
+            ref_in = torch.stack([ref_emb[f](torch.from_numpy(idx[:, f])) for f in range(NF)], 1)
+            ref_loss = loss_fn(ref_head(ref_in.flatten(1)).squeeze(1), y)
+            ref_loss.backward()
+            ref_opt.step()
+            ref_sparse.step()
+            assert abs(loss.item() - ref_loss.item()) <= 1e-6
+        assert client.step == 6
+        final = client.pull({s.name: vocab[f] for f, s in enumerate(specs)})
+        for f, s in enumerate(specs):
+            got = final[s.name]
+            want = ref_emb[f].weight.detach().numpy()
+            assert np.abs(got - want).max() <= 1e-6
+            assert np.abs(got - init[s.name]).max() > 1e-3  # the rows really moved
+        for a, b in zip(head.parameters(), ref_head.parameters(), strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_ssp_s4_trains_and_never_exceeds_its_staleness(servers: list[ServerProcess]) -> None:
+    vocab = _vocab(3)
+    with PSClient([p.address for p in servers], staleness=4) as client:
+        emb = SparseEmbeddingCollection([s.name for s in SSP], DIM, store=client)
+        torch.manual_seed(0)
+        head = nn.Linear(NF * DIM, 1)
+        opt = torch.optim.SGD(head.parameters(), lr=0.1)
+        rng = np.random.default_rng(4)
+        losses = []
+        eval_idx, eval_ids = _batch(np.random.default_rng(99), vocab, 256)
+        loss_fn = nn.BCEWithLogitsLoss()
+
+        def eval_loss() -> float:
+            with torch.no_grad():
+                out = head(emb(torch.from_numpy(eval_ids.view(np.int64))).flatten(1)).squeeze(1)
+                return float(loss_fn(out, _labels(eval_idx)))
+
+        before = eval_loss()
+        for _ in range(60):
+            idx, ids = _batch(rng, vocab, 64)
+            opt.zero_grad()
+            out = head(emb(torch.from_numpy(ids.view(np.int64))).flatten(1)).squeeze(1)
+            loss = loss_fn(out, _labels(idx))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert 1 <= client.max_staleness <= 4
+        assert client.cache_hits > 0 and client.cache_misses > 0
+        assert eval_loss() < before - 0.05
+
+
+def test_compressed_push_sends_fewer_bytes_and_still_trains(servers: list[ServerProcess]) -> None:
+    vocab = _vocab(5)
+    cfg = CompressionConfig(values="int8")
+    names = [s.name for s in CMP]
+    with PSClient([p.address for p in servers], compression=cfg) as client:
+        before = client.pull({n: vocab[f] for f, n in enumerate(names)})
+        g = {n: (vocab[f], np.full((VOCAB, DIM), 0.3, np.float32)) for f, n in enumerate(names)}
+        client.push(g)
+        after = client.pull({n: vocab[f] for f, n in enumerate(names)})
+        for n in names:  # AdaGrad's first step moves every weight by lr regardless of scale
+            np.testing.assert_allclose(after[n], before[n] - 0.1, atol=1e-5)
+        # int8: 8-byte id + 4-byte scale + 1 byte per value vs 8 + 4 per value, plus headers
+        assert client.bytes_pushed < 0.75 * client.bytes_pushed_raw
+
+
+def test_local_store_matches_its_shard_state() -> None:
+    store = LocalStore([TableSpec("t", 2, "sgd", {"lr": 1.0, "init_scale": 0.0})])
+    ids = np.array([4, 8], np.uint64)
+    assert not store.pull({"t": ids})["t"].any()
+    store.push({"t": (ids, np.array([[1, 2], [3, 4]], np.float32))})
+    np.testing.assert_array_equal(store.pull({"t": ids})["t"], [[-1, -2], [-3, -4]])
+    assert store.step == 1
+    with pytest.raises(KeyError, match="no sparse table 'x'"):
+        store.pull({"x": ids})
+
+
+def test_client_unknown_table_is_a_clear_error(
+    servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    with PSClient([p.address for p in servers]) as client, pytest.raises(KeyError, match="nope"):
+        client.pull({"nope": np.array([1], np.uint64)})
