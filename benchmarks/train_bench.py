@@ -17,6 +17,9 @@
   checkpoint, exit, fork from the warm zygote, rendezvous, restore, first step.
 * rescale_cold_s: the cold path: SIGTERM to a 1-replica run-local job → first optimizer step of
   a newly started 2-replica run-local job (process start and ``import torch`` included).
+* rescale_executor_warm_s / _cold_s: the controller's path (LocalExecutor stop → exit record →
+  launch_group of the next attempt at 2 replicas → its first step), replicas forked from the
+  job's warm zygote, or started cold (``COADAPT_WARM=0``).
 * pgns_rel_err: |φ̂ − φ| / φ on y = x·w* + ε at fixed w, where φ = (d + 1) + dσ²/|δ|² exactly;
   the worst of the three estimators (micro-batches, consecutive steps, 2 replicas).
 * tta_adaptive_s / tta_fixed_s: training seconds to a test accuracy at 2 replicas.
@@ -255,6 +258,115 @@ def rescale_cold(tmp: Path) -> float:
     return float(first["time"]) - t0
 
 
+def rescale_executor(tmp: Path, warm: bool) -> float:
+    """The controller's rescale path on the local executor: 1 → 2 replicas of digits_cnn.
+
+    What the reconciler does, through the same :class:`LocalExecutor` calls: ``stop`` (SIGTERM;
+    the job checkpoints and exits 0), wait for the exit record, ``launch_group`` of the new
+    attempt (2 replicas, a fresh rendezvous port). Timed from the SIGTERM to the new
+    attempt's ``first_step`` record. ``warm``: the replicas fork from the job's zygote
+    (:meth:`LocalExecutor.warm_zygote`, started by the first attempt, so outside the timing,
+    as for a job that has been running); cold: ``COADAPT_WARM=0``, ``python`` + imports.
+    """
+    from coadapt.executors import LocalExecutor, ReplicaSpec
+
+    job = tmp / ("exec-warm" if warm else "exec-cold")
+    ck = job / "checkpoints"
+    ck.mkdir(parents=True)
+    metrics = ck / "metrics.jsonl"
+    ex = LocalExecutor(slots=2)
+
+    def specs(attempt: int, world: int, port: int) -> list[ReplicaSpec]:
+        base = {
+            **_env(),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "COADAPT_JOB_ID": job.name,
+            "COADAPT_CHECKPOINT_DIR": str(ck),
+            "COADAPT_METRICS_FILE": str(metrics),
+            "COADAPT_ATTEMPT": str(attempt),
+            "COADAPT_WARM": "1" if warm else "0",
+        }
+        return [
+            ReplicaSpec(
+                job_id=job.name,
+                attempt=attempt,
+                rank=r,
+                world_size=world,
+                argv=(sys.executable, str(LIB), "--epochs", "100000"),
+                cwd=str(ROOT),
+                run_dir=str(job / "runs" / str(attempt)),
+                log_path=str(job / "logs" / f"attempt-{attempt}.rank-{r}.log"),
+                slot=r,
+                env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+            )
+            for r in range(world)
+        ]
+
+    def wait(pred: Any, timeout: float = 180) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hit = next((r for r in _records(metrics) if pred(r)), None)
+            if hit is not None:
+                return hit
+            time.sleep(0.02)
+        logs = "".join(p.read_text()[-2000:] for p in sorted((job / "logs").glob("*.log")))
+        raise RuntimeError(f"timed out waiting for the job's metrics; logs:\n{logs}")
+
+    handles = []
+    try:
+        handles = [
+            h for h in ex.launch_group(specs(1, 1, _free_port())) if not isinstance(h, Exception)
+        ]
+        wait(lambda r: r.get("kind") == "progress" and r.get("step", 0) >= 60)
+        t0 = time.time()
+        for h in handles:
+            ex.stop(h)
+        deadline = time.monotonic() + 60
+        while not all(ex.poll(h).done for h in handles) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handles = [
+            h for h in ex.launch_group(specs(2, 2, _free_port())) if not isinstance(h, Exception)
+        ]
+        first = wait(lambda r: r.get("kind") == "first_step" and r.get("replicas") == 2)
+    finally:
+        for h in handles:
+            ex.stop(h, force=True)
+        for pid in _zygote_pids(job):
+            os.kill(pid, signal.SIGKILL)
+    return float(first["time"]) - t0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _zygote_pids(job: Path) -> list[int]:
+    """The benchmark's own zygote (its log is in the job's runs dir): not left idling."""
+    out = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"coadapt.train.zygote" in cmd and b"--listen" in cmd:
+            env = (
+                Path(f"/proc/{pid}/environ").read_bytes()
+                if os.access(f"/proc/{pid}/environ", os.R_OK)
+                else b""
+            )
+            if f"COADAPT_JOB_ID={job.name}".encode() in env and str(job).encode() in env:
+                out.append(int(pid))
+    return out
+
+
 def pgns_errors(tmp: Path) -> dict[str, float]:
     out = tmp / "pgns.json"
     errs: dict[str, float] = {}
@@ -294,7 +406,7 @@ def inproc_overhead(tmp: Path) -> dict[str, float]:
     return dict(json.loads(out.read_text()))
 
 
-PARTS = ("overhead", "inproc", "rescale", "pgns", "tta")
+PARTS = ("overhead", "inproc", "rescale", "rescale_executor", "pgns", "tta")
 
 
 def main() -> int:
@@ -334,6 +446,10 @@ def main() -> int:
             log("rescale: elastic (warm fork-server), then cold")
             res["rescale_s"] = rescale_elastic(tmp)
             res["rescale_cold_s"] = rescale_cold(tmp)
+        if "rescale_executor" in parts:
+            log("rescale through the local executor (the controller's path): warm, then cold")
+            res["rescale_executor_warm_s"] = rescale_executor(tmp, warm=True)
+            res["rescale_executor_cold_s"] = rescale_executor(tmp, warm=False)
         if "pgns" in parts:
             log("gradient noise scale vs the closed form")
             errs = pgns_errors(tmp)
@@ -359,6 +475,8 @@ def main() -> int:
         "overhead_inproc_batched_1r",
         "rescale_s",
         "rescale_cold_s",
+        "rescale_executor_warm_s",
+        "rescale_executor_cold_s",
         "pgns_rel_err",
         "tta_adaptive_s",
         "tta_fixed_s",

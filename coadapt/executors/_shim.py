@@ -11,16 +11,25 @@ With ``--sandbox`` (a :class:`~coadapt.executors.sandbox.Confinement` as JSON) t
 which stays the controller's user and outside any namespace, makes the replica's memory cgroup,
 starts the training process through the sandbox launcher, and on exit records whether the
 replica ran out of memory (the cgroup's ``oom_kill`` counter, or exit code ``OOM_EXIT_CODE``).
+
+With ``--zygote SOCKET`` (no sandbox) the training process is forked by the job's warm zygote
+(:class:`coadapt.train.zygote.ZygoteServer`, torch already imported) instead of started with
+``exec``: the shim still writes the pid and exit records and forwards SIGTERM/SIGINT (over the
+socket), and the zygote SIGKILLs the replica when this shim's connection closes. If the zygote
+is not there or dies before spawning, the replica starts cold, as without the flag.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -29,6 +38,12 @@ from coadapt.executors import memlimit
 from coadapt.executors._proc import proc_start_ticks
 from coadapt.executors.base import OOM_EXIT_CODE
 from coadapt.executors.sandbox import Confinement, SandboxError, enter_pid_namespace
+from coadapt.train.zygote import MAX_MESSAGE, send
+
+#: How long a replica waits for its zygote's "ready" before it starts cold instead. Short:
+#: a zygote still importing torch is slower than a cold start of a light script, and it keeps
+#: warming up in the background for the job's next attempt (a rescale), where warm pays.
+ZYGOTE_WAIT_S = 0.5
 
 _PR_SET_PDEATHSIG = 1
 
@@ -89,14 +104,99 @@ def _outcome(code: int, cgroup: Path | None, conf: Confinement | None) -> dict[s
     return {"code": code, "reason": reason, "oom": oom}
 
 
+class _WarmUnavailable(Exception):
+    """The zygote cannot take this replica (not there, or it died before spawning)."""
+
+
+def _connect_zygote(path: str, timeout_s: float) -> socket.socket:
+    """Connect to the job's zygote and wait for its ``ready`` (its imports are done)."""
+    deadline = time.monotonic() + timeout_s
+    # The executor saw the socket bound before starting this shim: gone means the zygote is.
+    connect_by = time.monotonic() + 2.0
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    while True:
+        try:
+            sock.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            if time.monotonic() > connect_by:
+                sock.close()
+                raise _WarmUnavailable(f"no zygote at {path}: {exc}") from exc
+            time.sleep(0.05)
+    sock.settimeout(max(0.05, deadline - time.monotonic()))
+    try:
+        data = sock.recv(MAX_MESSAGE)
+    except OSError as exc:
+        sock.close()
+        raise _WarmUnavailable(f"zygote at {path} did not answer: {exc}") from exc
+    sock.settimeout(None)
+    if not data or json.loads(data).get("event") != "ready":
+        sock.close()
+        raise _WarmUnavailable(f"zygote at {path} closed before it was ready")
+    return sock
+
+
+def _run_warm(sock: socket.socket, cmd: list[str], early: list[int]) -> int:
+    """Have the zygote fork ``cmd`` (``python script.py ARGS``); forward signals; its exit code.
+
+    The replica's stdout/stderr is this shim's (the log file), passed over the socket.
+    """
+    pid: list[int] = []
+    pending: list[int] = early  # signals that came while the zygote was being reached
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if not pid:
+            pending.append(signum)
+        else:
+            with contextlib.suppress(OSError):
+                send(sock, {"op": "signal", "pid": pid[0], "signal": signum})
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    request = {
+        "op": "spawn",
+        "id": 0,
+        "script": cmd[1],
+        "argv": cmd[2:],
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+    }
+    try:
+        send(sock, request, [sys.stdout.fileno()])
+    except OSError as exc:
+        raise _WarmUnavailable(f"zygote gone before spawn: {exc}") from exc
+    while True:
+        data = sock.recv(MAX_MESSAGE)
+        if not data:
+            if not pid:
+                raise _WarmUnavailable("zygote closed before spawning the replica")
+            # The zygote died; its child got SIGKILL from the kernel (PDEATHSIG).
+            print("coadapt: the warm zygote died under the replica", file=sys.stderr, flush=True)
+            return -int(signal.SIGKILL)
+        msg = json.loads(data)
+        if msg.get("event") == "spawned":
+            pid.append(int(msg["pid"]))
+            for signum in pending:
+                send(sock, {"op": "signal", "pid": pid[0], "signal": signum})
+        elif msg.get("event") == "exit" and pid and int(msg["pid"]) == pid[0]:
+            return int(msg["code"])
+        elif msg.get("event") == "error":
+            raise _WarmUnavailable(str(msg.get("message")))
+
+
 def main(argv: list[str]) -> int:
     conf: Confinement | None = None
-    if len(argv) >= 4 and argv[2] == "--sandbox":
-        conf = Confinement.from_json(argv[3])
+    zygote: str | None = None
+    while len(argv) >= 4 and argv[2] in ("--sandbox", "--zygote"):
+        if argv[2] == "--sandbox":
+            conf = Confinement.from_json(argv[3])
+        else:
+            zygote = argv[3]
         argv = [*argv[:2], *argv[4:]]
     if len(argv) < 4 or argv[2] != "--":
         print(
-            "usage: python -m coadapt.executors._shim RUN_DIR RANK [--sandbox CONF] -- ARGV...",
+            "usage: python -m coadapt.executors._shim RUN_DIR RANK [--sandbox CONF] "
+            "[--zygote SOCKET] -- ARGV...",
             file=sys.stderr,
         )
         return 2
@@ -105,6 +205,25 @@ def main(argv: list[str]) -> int:
     _write_atomic(
         run_dir / f"rank{rank}.pid", json.dumps({"pid": me, "start_ticks": proc_start_ticks(me)})
     )
+    # From here on a SIGTERM/SIGINT is kept for the replica, whichever way it starts: a stop
+    # that lands before the child exists is delivered right after it starts.
+    pending: list[int] = []
+
+    def keep(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    signal.signal(signal.SIGTERM, keep)
+    signal.signal(signal.SIGINT, keep)
+    if zygote is not None and conf is None and len(cmd) >= 2:
+        try:
+            sock = _connect_zygote(zygote, ZYGOTE_WAIT_S)
+            code = _run_warm(sock, cmd, pending)
+        except _WarmUnavailable as exc:  # nothing was started: start it cold instead
+            print(f"coadapt: starting cold: {exc}", file=sys.stderr, flush=True)
+        else:
+            record = _outcome(code, None, None)
+            _write_atomic(run_dir / f"rank{rank}.exit", json.dumps(record))
+            return int(str(record["code"]))
     cgroup: Path | None = None
     if conf is not None:
         try:
@@ -117,7 +236,6 @@ def main(argv: list[str]) -> int:
             )
             return 126
     children: list[subprocess.Popen[bytes]] = []
-    pending: list[int] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
         # A signal that arrives before the child exists is delivered right after it starts.

@@ -8,12 +8,15 @@ replicas it did not start.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -29,8 +32,42 @@ from coadapt.executors.base import (
     launch_each,
 )
 from coadapt.executors.sandbox import Isolation
+from coadapt.protocol import (
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_TENANT,
+    ENV_WARM,
+    ENV_WORLD_SIZE,
+)
 
 NODE_NAME = "local"
+#: Seconds a job's zygote waits with no replica before it exits (between attempts it waits).
+ZYGOTE_IDLE_S = 60.0
+#: Variables libraries read at import time: replicas differing in them need their own zygote.
+_IMPORT_TIME_ENV = (
+    "PYTHONPATH",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "PYTHONHASHSEED",
+    ENV_TENANT,
+)
+#: Per-replica variables the zygote must not carry (each fork gets the replica's own).
+_PER_REPLICA_ENV = (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT)
+
+
+def _listening(path: str) -> bool:
+    """A zygote accepts on ``path`` (a stale socket file of a dead one does not)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
 
 
 def detect_gpus() -> int:
@@ -74,6 +111,7 @@ class LocalExecutor:
         slots: int | None = None,
         python: str | None = None,
         isolation: Isolation | None = None,
+        warm: bool = True,
     ) -> None:
         gpus = detect_gpus() if slots is None else 0
         self._gpus = gpus > 0
@@ -84,6 +122,9 @@ class LocalExecutor:
         # Confinement of every replica (coadapt.executors.sandbox); none by default.
         self.isolation = isolation or Isolation()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # Fork coadapt.train replicas from a per-job warm zygote (see warm_zygote); a
+        # sandboxed replica always starts cold (its namespaces, user and cgroup are per replica).
+        self.warm = warm
 
     def nodes(self) -> list[NodeInventory]:
         """This machine is the one node, named ``local``."""
@@ -115,10 +156,14 @@ class LocalExecutor:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [self.python, "-m", "coadapt.executors._shim", str(run_dir), str(spec.rank)]
         if self.isolation.active:
-            tenant = spec.env.get("COADAPT_TENANT")
+            tenant = spec.env.get(ENV_TENANT)
             conf = self.isolation.confinement(spec.job_id, tenant, spec.cwd)
             self._hand_over(spec, conf.uid, conf.gid)
             argv += ["--sandbox", conf.to_json()]
+        else:
+            zygote = self.warm_zygote(spec)
+            if zygote is not None:
+                argv += ["--zygote", zygote]
         argv += ["--", *spec.argv]
         env = dict(spec.env)
         # The shim itself must import coadapt even when the job's cwd/PYTHONPATH hides it.
@@ -139,6 +184,65 @@ class LocalExecutor:
                 raise ExecutorError(f"cannot start replica: {exc}") from exc
         self._children[proc.pid] = proc
         return ReplicaHandle(proc.pid, proc_start_ticks(proc.pid), str(run_dir), spec.rank)
+
+    def warm_zygote(self, spec: ReplicaSpec) -> str | None:
+        """The socket of the job's warm zygote, started if needed; None: start cold.
+
+        Only a ``python SCRIPT.py ...`` replica whose script imports ``coadapt.train`` goes
+        warm (others would pay torch's import for nothing), and not with ``ENV_WARM=0`` in
+        its environment. One zygote per job, interpreter, working directory and import-time
+        environment, found again by its socket path (so a restarted controller reuses it); it
+        exits on its own once idle (no replica) for ``ZYGOTE_IDLE_S``.
+        """
+        if not self.warm or spec.env.get(ENV_WARM, "1") == "0" or len(spec.argv) < 2:
+            return None
+        exe, script = spec.argv[0], spec.argv[1]
+        if not Path(exe).name.startswith("python") or not script.endswith(".py"):
+            return None
+        path = Path(script) if Path(script).is_absolute() else Path(spec.cwd) / script
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if "coadapt.train" not in f.read(1 << 16):
+                    return None
+        except OSError:
+            return None
+        key_env = {k: spec.env.get(k) for k in _IMPORT_TIME_ENV}
+        key = json.dumps(
+            [str(Path(spec.run_dir).parent), exe, spec.cwd, key_env], sort_keys=True
+        ).encode()
+        sock_dir = Path(tempfile.gettempdir()) / f"coadapt-zygotes-{os.getuid()}"
+        sock_dir.mkdir(mode=0o700, exist_ok=True)
+        sock = str(sock_dir / f"{hashlib.sha256(key).hexdigest()[:20]}.sock")
+        if _listening(sock):
+            return sock
+        env = dict(spec.env)
+        for var in _PER_REPLICA_ENV:
+            env.pop(var, None)
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_root) if p)
+        log = Path(spec.run_dir).parent / "zygote.log"
+        idle, watch = str(ZYGOTE_IDLE_S), str(Path(spec.run_dir).parent)
+        server = [exe, "-m", "coadapt.train.zygote"]
+        try:
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    [*server, "--listen", sock, "--idle-exit", idle, "--watch", watch],
+                    cwd=spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError:
+            return None  # the replica starts cold
+        try:  # it binds before importing torch, then detaches (the server goes on)
+            code = proc.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None
+        return sock if code == 0 and Path(sock).exists() else None
 
     def _hand_over(self, spec: ReplicaSpec, uid: int | None, gid: int | None) -> None:
         """The job's directory and checkpoints belong to the run-as user; its run files and

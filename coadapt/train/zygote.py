@@ -134,11 +134,17 @@ def _reset_child_state(stdio_fd: int, env: dict[str, str], cwd: str) -> None:
 
 
 def _run_child(
-    sock: socket.socket, extra_fds: list[int], stdio_fd: int, request: dict[str, Any]
+    sock: socket.socket,
+    extra_fds: list[int],
+    stdio_fd: int,
+    request: dict[str, Any],
+    die_with_parent: bool = False,
 ) -> None:
     """Body of a forked replica; never returns."""
     code = 1
     try:
+        if die_with_parent:
+            _die_with_parent()
         sock.close()
         for fd in extra_fds:
             with contextlib.suppress(OSError):
@@ -253,12 +259,173 @@ class Zygote:
         return 0
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent (the zygote) dies: no orphaned replica."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: best effort
+        pass
+
+
+class ZygoteServer:
+    """Listening mode, for the controller's local executor: one zygote serves every attempt.
+
+    A rescale ends one attempt and starts the next; a zygote per launcher would die with the
+    first and the second would start cold. So the executor starts one per job (``--listen
+    PATH``) and each replica's supervisor (:mod:`coadapt.executors._shim`) connects, asks for
+    one ``spawn``, forwards signals, and waits for the ``exit`` report. The shim's guarantee
+    that a replica cannot outlive its record holds through the connection: when a shim's
+    connection closes (it died, or was SIGKILLed by a forced stop) its child gets SIGKILL at
+    once, and a child whose zygote dies gets SIGKILL from the kernel (``PR_SET_PDEATHSIG``).
+    With no connection and no child for ``idle_exit_s``, or none while the ``watch`` directory
+    (the job's) is gone, the server removes its socket and exits (a job that ended, or a
+    controller that went away, leaves nothing behind for long).
+    """
+
+    def __init__(
+        self, listener: socket.socket, path: str, idle_exit_s: float, watch: str | None = None
+    ) -> None:
+        self.listener, self.path, self.idle_exit_s = listener, path, idle_exit_s
+        self.watch = watch  # the job's directory: once it is gone, so is the job
+        self.conns: dict[int, socket.socket] = {}
+        self.owner: dict[int, int] = {}  # child pid -> connection fd
+        self.problems: list[str] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def serve(self) -> int:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        idle_since = time.monotonic()
+        try:
+            while True:
+                fds = [self.listener.fileno(), self._wake_r, *self.conns]
+                ready, _, _ = select.select(fds, [], [], 1.0)
+                if self._wake_r in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 512):
+                            pass
+                self._reap()
+                if self.listener.fileno() in ready:
+                    conn, _ = self.listener.accept()
+                    self.conns[conn.fileno()] = conn
+                    try:  # a liveness probe connects and leaves at once
+                        send(conn, {"event": "ready", "problems": self.problems})
+                    except OSError:
+                        self._drop(conn.fileno())
+                for fd in ready:
+                    if fd in self.conns:
+                        self._receive(fd)
+                if self.conns or self.owner:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > self.idle_exit_s or (
+                    self.watch is not None and not os.path.isdir(self.watch)
+                ):
+                    return 0
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def _receive(self, fd: int) -> None:
+        conn = self.conns[fd]
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(conn, MAX_MESSAGE, 4)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            for extra in fds:
+                os.close(extra)
+            self._drop(fd)
+            return
+        request = json.loads(data)
+        op = request.get("op")
+        if op == "spawn" and len(fds) == 1:
+            others = [self.listener.fileno(), self._wake_r, self._wake_w]
+            others += [c for c in self.conns if c != fd]
+            pid = os.fork()
+            if pid == 0:
+                for other in [c for c in self.conns.values() if c is not conn]:
+                    with contextlib.suppress(OSError):
+                        other.detach()
+                _run_child(conn, others, fds[0], request, die_with_parent=True)
+            os.close(fds[0])
+            self.owner[pid] = fd
+            try:
+                send(conn, {"event": "spawned", "id": request.get("id"), "pid": pid})
+            except OSError:
+                self._drop(fd)  # the shim is gone already: so is its replica
+        elif op == "signal":
+            pid = int(request["pid"])
+            if self.owner.get(pid) == fd:  # its own, not reaped: the pid is still the child's
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, int(request["signal"]))
+        else:
+            for extra in fds:
+                os.close(extra)
+            with contextlib.suppress(OSError):
+                send(conn, {"event": "error", "message": f"bad request {op!r} ({len(fds)} fds)"})
+
+    def _drop(self, fd: int) -> None:
+        """The shim is gone: its replica must not outlive it (SIGKILL, as its death signal)."""
+        conn = self.conns.pop(fd)
+        conn.close()
+        for pid, owner in self.owner.items():
+            if owner == fd:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.owner[pid] = -1  # reaped later; nobody to report to
+
+    def _reap(self) -> None:
+        while self.owner:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.owner.clear()
+                return
+            if pid == 0:
+                return
+            fd = self.owner.pop(pid, -1)
+            conn = self.conns.get(fd)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    send(
+                        conn,
+                        {"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)},
+                    )
+
+
+def listen(path: str) -> socket.socket:
+    """Bind ``path`` (owner-only) before the slow imports, so early connects wait, not fail."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old = os.umask(0o077)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(64)
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m coadapt.train.zygote")
-    parser.add_argument("--fd", type=int, required=True, help="inherited SEQPACKET socket")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd", type=int, help="inherited SEQPACKET socket (run-local)")
+    where.add_argument("--listen", help="serve supervisors on this AF_UNIX path (executor)")
+    parser.add_argument("--idle-exit", type=float, default=60.0, help="--listen: seconds")
+    parser.add_argument("--watch", default=None, help="--listen: exit when idle and it is gone")
     parser.add_argument("--preload", default="", help="extra modules, comma-separated")
     args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
+    listener = listen(args.listen) if args.listen else None
+    if listener is not None and os.fork() > 0:
+        # Detach: the executor's child exits once the socket is bound (nothing for it to
+        # reap later); the server goes on in the grandchild, in the session it was given.
+        os._exit(0)
     extra = [m.strip() for m in args.preload.split(",") if m.strip()]
     problems = preload([*DEFAULT_PRELOAD, *extra])
     for line in problems:
@@ -266,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     # Python 3.12+ warns on fork() in a process with OS threads (BLAS pools, which install
     # fork handlers); the zygote forks by design and has run no torch op.
     warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+    if listener is not None:
+        server = ZygoteServer(listener, args.listen, args.idle_exit, args.watch)
+        server.problems = problems
+        return server.serve()
+    sock = socket.socket(fileno=args.fd)
     send(sock, {"event": "ready", "problems": problems})
     return Zygote(sock).serve()
 
