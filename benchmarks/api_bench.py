@@ -133,7 +133,7 @@ def bench_round(jobs: int, policy: str, rounds: int, slots: int) -> dict[str, An
             snapshot = build_snapshot(active, slots, clock[0], 30.0)
             snap.append(time.perf_counter() - t)
             t = time.perf_counter()
-            pol.optimize(snapshot, np.random.default_rng([0, 1000 + r]))
+            pol.optimize(snapshot, {}, np.random.default_rng([0, 1000 + r]))
             optimize.append(time.perf_counter() - t)
             t = time.perf_counter()
             ctl.schedule(clock[0])

@@ -37,7 +37,14 @@ from coadapt.goodput import (
     PerfParams,
     fit_perf_params,
 )
-from coadapt.policies import Allocation, ClusterSnapshot, JobInfo, NodeInfo, make_policy
+from coadapt.policies import (
+    Allocation,
+    ClusterSnapshot,
+    JobInfo,
+    NodeInfo,
+    PolicyState,
+    make_policy,
+)
 
 SIZES = [(64, 32), (64, 160), (256, 128), (1024, 512), (2048, 1024)]
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
@@ -136,9 +143,11 @@ def warm_ga_fitness(snap: ClusterSnapshot, rounds: int) -> float:
     policy = make_policy("pollux-ga")
     rng = np.random.default_rng(0)
     fitness = float("nan")
+    state: PolicyState = {}
     for _ in range(rounds):
-        policy.optimize(snap, rng)
-        fitness = float(getattr(policy, "last_fitness", float("nan")))
+        decision = policy.optimize(snap, state, rng)
+        state = decision.state
+        fitness = decision.diagnostics.get("fitness", float("nan"))
     return fitness
 
 
@@ -148,9 +157,9 @@ def run_policy(name: str, snap: ClusterSnapshot, repeats: int) -> tuple[float, f
     for _ in range(repeats):
         policy = make_policy(name)
         start = time.perf_counter()
-        policy.optimize(snap, np.random.default_rng(0))
+        decision = policy.optimize(snap, {}, np.random.default_rng(0))
         times.append((time.perf_counter() - start) * 1000)
-        fitness = float(getattr(policy, "last_fitness", float("nan")))
+        fitness = decision.diagnostics.get("fitness", float("nan"))
     return statistics.median(times), fitness
 
 

@@ -1,8 +1,11 @@
 """From database rows to the :class:`ClusterSnapshot` a policy decides on (pure functions).
 
-The job reports its fitted θ_sys (``perf``) and gradient statistics (``grad``) on the metrics
-channel; the scheduler rebuilds the same :class:`GoodputModel` from that data, or fits the
-reported throughput profile itself when only the profile arrived.
+Each row becomes the neutral :class:`~coadapt.policies.snapshot.JobFacts` the simulator also
+produces, and :func:`coadapt.policies.snapshot.build_snapshot` (the one builder) makes the
+snapshot. The job reports its fitted θ_sys (``perf``) and gradient statistics (``grad``) on the
+metrics channel; the scheduler rebuilds the same :class:`GoodputModel` from that data, or fits
+the reported throughput profile itself when only the profile arrived (once per profile version,
+not every round).
 """
 
 from __future__ import annotations
@@ -16,54 +19,56 @@ import numpy as np
 from coadapt.controller.spec import JobSpec
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Job
-from coadapt.goodput import (
-    BatchLimits,
-    FitError,
-    GoodputModel,
-    GradParams,
-    Observations,
-    PerfParams,
-    fit_perf_params,
-)
+from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
+from coadapt.goodput.fit import fit_profile
 from coadapt.policies import ClusterSnapshot, JobInfo, NodeInfo
+from coadapt.policies.snapshot import (
+    JobFacts,
+    accrued_service,
+    allocation_dict,
+    allocation_tuple,
+)
+from coadapt.policies.snapshot import build_snapshot as build_from_facts
+from coadapt.policies.snapshot import job_info as policy_job_info
 
 NODE_NAME = "local"
+
+__all__ = [
+    "NODE_NAME",
+    "accrued_service",
+    "allocation_dict",
+    "allocation_tuple",
+    "batch_limits",
+    "build_snapshot",
+    "goodput_model",
+    "holds_slots",
+    "job_facts",
+    "job_info",
+    "perf_params",
+    "speedup",
+]
 
 
 def _finite(values: dict[str, Any], keys: Sequence[str]) -> list[float] | None:
     out = []
     for key in keys:
         v = values.get(key)
-        if not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             return None
         out.append(float(v))
     return out
 
 
-def _perf_from(report: dict[str, Any]) -> PerfParams | None:
+def perf_params(report: dict[str, Any]) -> tuple[PerfParams | None, str | None]:
+    """θ_sys the job reported, else fitted on its reported profile (fitted once per profile
+    version: :func:`coadapt.goodput.fit.fit_profile`), with where it came from."""
     perf = report.get("perf")
     if isinstance(perf, dict):
         vals = _finite(perf, list(PerfParams.__dataclass_fields__))
         if vals is not None:
-            return PerfParams(*vals)
-    rows = report.get("profile")
-    if not isinstance(rows, list) or not rows:
-        return None
-    keys = ("nodes", "replicas", "local_bsz", "accum_steps", "iter_time")
-    table = [r for r in rows if isinstance(r, dict) and _finite(r, keys) is not None]
-    if not table:
-        return None
-    try:
-        obs = Observations.build(
-            [r["nodes"] for r in table],
-            [r["replicas"] for r in table],
-            [r["local_bsz"] for r in table],
-            [r["iter_time"] for r in table],
-            accum_steps=[r["accum_steps"] for r in table],
-        )
-        return fit_perf_params(obs)
-    except (FitError, ValueError):
-        return None
+            return PerfParams(*vals), "reported"
+    fitted = fit_profile(report.get("profile"))
+    return (fitted, "fitted from profile") if fitted is not None else (None, None)
 
 
 def goodput_model(job: Job) -> GoodputModel | None:
@@ -75,7 +80,7 @@ def goodput_model(job: Job) -> GoodputModel | None:
     g = _finite(grad, ("sqr", "var"))
     if g is None or g[0] < 0 or g[1] < 0:
         return None
-    perf = _perf_from(report)
+    perf, _ = perf_params(report)
     if perf is None:
         return None
     return GoodputModel(perf, GradParams(*g), int(job.spec.get("batch_size", 1)))
@@ -120,26 +125,36 @@ def _step_time(model: GoodputModel | None, limits: BatchLimits) -> Callable[[int
     return step_time
 
 
-def job_info(job: Job, slots: int) -> JobInfo:
+def job_facts(job: Job) -> JobFacts:
+    """What the database knows about ``job``, in the snapshot builder's neutral terms."""
     spec = job.job_spec
     model = goodput_model(job)
     limits = batch_limits(spec, job.max_local_bsz)
-    max_replicas = max(1, min(spec.max_replicas, slots))
-    return JobInfo(
+    return JobFacts(
         name=job.id,
         submit_time=job.submit_time,
         attained_service=job.attained_service,
+        service_since=job.service_at,
+        gpus_held=job.replicas,
         num_restarts=job.num_restarts,
-        min_replicas=min(spec.min_replicas, max_replicas),
-        max_replicas=max_replicas,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
         max_gpus_held=job.max_gpus_held,
         goodput=model,
         limits=limits,
-        requested_replicas=min(spec.requested_replicas, max_replicas),
+        requested_replicas=spec.requested_replicas,
         step_time=_step_time(model, limits),
         remaining_iterations=None,
         priority=spec.priority,
+        allocation=job.held if holds_slots(job) else {},
     )
+
+
+def job_info(job: Job, slots: int, now: float | None = None) -> JobInfo:
+    """The policy's view of ``job`` alone on ``slots`` slots, as a snapshot at ``now`` would
+    hold it (None: attained service as stored)."""
+    facts = job_facts(job)
+    return policy_job_info(facts, slots, now if now is not None else -math.inf)
 
 
 def holds_slots(job: Job) -> bool:
@@ -153,24 +168,7 @@ def build_snapshot(
     slots); ``jobs`` in submission order. A job's current allocation counts only the nodes
     still present: replicas on a node that left are gone, whatever the database says."""
     inventory = (NodeInfo(NODE_NAME, nodes),) if isinstance(nodes, int) else tuple(nodes)
-    total = sum(n.gpus for n in inventory)
-    return ClusterSnapshot(
-        now=now,
-        nodes=inventory,
-        jobs={j.id: job_info(j, total) for j in jobs},
-        current={j.id: allocation_tuple(j.held, inventory) for j in jobs if holds_slots(j)},
-        restart_delay=restart_delay,
-    )
-
-
-def allocation_tuple(per_node: dict[str, int], nodes: Sequence[NodeInfo]) -> tuple[int, ...]:
-    """A node -> count mapping as the policy's tuple, in the snapshot's node order."""
-    return tuple(int(per_node.get(n.name, 0)) for n in nodes)
-
-
-def allocation_dict(alloc: Sequence[int], nodes: Sequence[NodeInfo]) -> dict[str, int]:
-    """The policy's tuple as node -> count, without the zeros (what the database keeps)."""
-    return {n.name: int(k) for n, k in zip(nodes, alloc, strict=True) if int(k) > 0}
+    return build_from_facts([job_facts(j) for j in jobs], inventory, now, restart_delay)
 
 
 def speedup(job: Job, replicas: int) -> float | None:

@@ -15,7 +15,11 @@ cheap). Together with the 2× cap (:func:`exploration_cap`) this is how a job ex
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -217,6 +221,66 @@ def fit_perf_params(
         x[4] = max(x[4], x[2] * 1.1)
         x[5] = max(x[5], x[3] * 1.1)
     return PerfParams.from_array(x)
+
+
+#: The columns of a job's reported profile table (``coadapt.train.profile``) the fit reads.
+PROFILE_KEYS = ("nodes", "replicas", "local_bsz", "accum_steps", "iter_time")
+#: Distinct profiles whose fit is kept (a few per active job is plenty).
+PROFILE_CACHE_SIZE = 4096
+
+ProfileKey = tuple[tuple[float, ...], ...]
+
+
+def profile_key(rows: Any) -> ProfileKey:
+    """The usable rows of a reported profile table as hashable data: the profile's version.
+
+    Rows that are not mappings or lack a finite number in a :data:`PROFILE_KEYS` column are
+    left out (a sender may omit or garble a row; the others still count). Equal keys mean the
+    job reported nothing new, so its fit can be reused.
+    """
+    if not isinstance(rows, list):
+        return ()
+    out = []
+    for row in rows:
+        if not isinstance(row, Mapping):
+            continue
+        vals = [row.get(k) for k in PROFILE_KEYS]
+        nums = [
+            float(v)
+            for v in vals
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        if len(nums) == len(PROFILE_KEYS):
+            out.append(tuple(nums))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=PROFILE_CACHE_SIZE)
+def _fit_profile(key: ProfileKey) -> PerfParams | None:
+    try:
+        obs = Observations.build(
+            [r[0] for r in key],
+            [r[1] for r in key],
+            [r[2] for r in key],
+            [r[4] for r in key],
+            accum_steps=[r[3] for r in key],
+        )
+        return fit_perf_params(obs)
+    except (FitError, ValueError):
+        return None
+
+
+def fit_profile(rows: Any) -> PerfParams | None:
+    """θ_sys fitted on a job's reported profile table, or None when it has no usable rows or
+    cannot be fitted.
+
+    The controller asks for a job's θ_sys every scheduling round and on every dashboard
+    request, while the profile changes only when the job reports a new configuration; the fit
+    (tens of milliseconds) is therefore cached by :func:`profile_key` and runs once per
+    profile version. Thread-safe (the API and the reconciler ask concurrently).
+    """
+    key = profile_key(rows)
+    return _fit_profile(key) if key else None
 
 
 def exploration_cap(max_gpus_held: int, max_replicas: int) -> int:

@@ -1,10 +1,12 @@
 """The one interface every scheduling policy implements, and the snapshot it decides on.
 
-A policy is a function of a :class:`ClusterSnapshot` and a seeded random generator; it does no
-I/O and holds no handle on an executor, so the simulator, the live controller and the tests run
-the very same objects (STYLE §1). Policies that need memory across rounds (the GA's population,
-Tiresias' queues) keep it on the policy object, and only that: feeding a policy the same
-sequence of snapshots and seeds gives the same decisions.
+A policy is a function ``optimize(snapshot, state, rng) -> Decision``: it does no I/O and
+holds no handle on an executor, so the simulator, the live controller and the tests run the
+very same objects (STYLE §1). Memory across rounds (the GA's population, Tiresias' queues)
+lives in ``state``, a JSON-serialisable dict the caller hands back next round, never on the
+policy object: the controller persists it, so a restart keeps it, and feeding a policy the
+same snapshots, states and seeds gives the same decisions. Fitness and other figures come back
+in :attr:`Decision.diagnostics`.
 
 An allocation is a tuple with the number of GPUs a job gets on each node, in the snapshot's node
 order; all zeros means the job is not running.
@@ -12,16 +14,19 @@ order; all zeros means the job is not running.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from coadapt.goodput import BatchLimits, GoodputModel
 
 Allocation = tuple[int, ...]
+#: A policy's memory across rounds: plain JSON data (str keys; lists, numbers, strings).
+PolicyState = dict[str, Any]
 
 
 class BatchMode(str, Enum):
@@ -101,6 +106,37 @@ class ClusterSnapshot:
         return alloc
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What one round decided: allocations, the state for the next round, and diagnostics.
+
+    ``state`` is what the caller passes back as ``state`` next round (the controller stores
+    it); ``diagnostics`` holds figures for benchmarks and dashboards (e.g. ``fitness``).
+    """
+
+    allocations: dict[str, Allocation]
+    state: PolicyState = field(default_factory=dict)
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+def state_to_json(state: Mapping[str, Any]) -> str:
+    """Serialise a policy state, failing loudly if a policy put non-JSON data in it."""
+    try:
+        return json.dumps(state, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"policy state is not JSON-serialisable: {exc}") from exc
+
+
+def state_from_json(text: str | None) -> PolicyState:
+    """The inverse of :func:`state_to_json` (no text: a fresh, empty state)."""
+    if not text:
+        return {}
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise PolicyError(f"stored policy state must be a JSON object, got {type(data).__name__}")
+    return data
+
+
 @runtime_checkable
 class Policy(Protocol):
     """A scheduling policy: decide every job's allocation for the next round."""
@@ -109,9 +145,13 @@ class Policy(Protocol):
     batch_mode: BatchMode
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
-        """Return an allocation for each job of the snapshot (jobs left out get nothing)."""
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
+        """Decide an allocation for each job of the snapshot (jobs left out get nothing).
+
+        ``state`` is the previous decision's state (``{}`` on the first round); it is not
+        modified, the new state comes back in the decision.
+        """
         ...
 
 

@@ -6,7 +6,7 @@ The baselines place a job by repeatedly taking GPUs from the node with the most 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo, PolicyError
 
@@ -45,3 +45,12 @@ def requested_gpus(job: JobInfo) -> int | None:
     if want < max(1, job.min_replicas) or want > job.max_replicas:
         return None
     return want
+
+
+def by_priority(keys: Iterable[str], jobs: Mapping[str, JobInfo]) -> list[str]:
+    """``keys`` with higher ``JobInfo.priority`` first, keeping their order among equals.
+
+    Priorities come from users and from the tuning service (seed 003's Algorithm 1 lowers a
+    converged experiment's trials); the static baselines honour them as strict order.
+    """
+    return sorted(keys, key=lambda k: -jobs[k].priority)

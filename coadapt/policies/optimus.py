@@ -1,7 +1,8 @@
 """Optimus (EuroSys'18) with an oracle throughput model, as in the Pollux artifact.
 
 Jobs keep their submitted batch (:attr:`BatchMode.FIXED_BATCH`); the policy picks GPU counts.
-Every job gets one GPU (its ``min_replicas`` if more), then GPUs go one at a time to the job
+Every job gets one GPU (its ``min_replicas`` if more; higher ``JobInfo.priority`` first when
+they are scarce), then GPUs go one at a time to the job
 whose predicted remaining time drops most, ``(step_time(k) - step_time(k + 1)) * remaining``,
 up to each job's ``max_replicas``. Jobs whose count did not change keep their placement; the
 others are placed, fewest GPUs first, on the nodes with most free GPUs. The simulator supplies
@@ -14,7 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coadapt.policies.base import Allocation, BatchMode, ClusterSnapshot, JobInfo, PolicyError
+from coadapt.policies.base import (
+    BatchMode,
+    ClusterSnapshot,
+    Decision,
+    JobInfo,
+    PolicyError,
+    PolicyState,
+)
 from coadapt.policies.greedy import free_gpus, place_greedy
 
 
@@ -33,9 +41,9 @@ class OptimusPolicy:
     batch_mode: BatchMode = BatchMode.FIXED_BATCH
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
-        del rng  # deterministic
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
+        del state, rng  # stateless, deterministic
         jobs = snapshot.jobs
         for key, job in jobs.items():
             if job.step_time is None:
@@ -44,7 +52,8 @@ class OptimusPolicy:
         replicas: dict[str, int] = {}
         gain: dict[str, float] = {}
         start = {k: max(1, j.min_replicas) for k, j in jobs.items()}
-        for key in sorted(jobs, key=start.__getitem__):  # stable: submission order
+        # First GPUs: higher priority first, then smaller minimum (stable: submission order).
+        for key in sorted(jobs, key=lambda k: (-jobs[k].priority, start[k])):
             job = jobs[key]
             if start[key] > budget or start[key] > job.max_replicas:
                 replicas[key], gain[key] = 0, 0.0
@@ -69,4 +78,4 @@ class OptimusPolicy:
         for key in sorted(jobs, key=replicas.__getitem__):
             if replicas[key] > 0 and key not in allocations:
                 allocations[key] = place_greedy(free, replicas[key])
-        return allocations
+        return Decision(allocations)

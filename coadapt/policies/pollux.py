@@ -19,7 +19,8 @@ on its allocation only through (nodes, GPUs, changed?), so we can optimise struc
 
 The result is never worse than keeping every allocation as it is. Policy and GA share
 :class:`PolluxProblem`, so their fitness values are directly comparable
-(``benchmarks/policy_scaling.py``).
+(``benchmarks/policy_scaling.py``), and both honour ``JobInfo.priority`` the same way: through
+the priority weights of FITNESS_p (:mod:`coadapt.policies.pollux_problem`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coadapt.policies.base import Allocation, BatchMode, ClusterSnapshot
+from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
 from coadapt.policies.pollux_problem import IntArray, PolluxProblem
 
 _TOL = 1e-12
@@ -68,10 +69,10 @@ class _Search:
     def _row_utility(self, j: int, row: IntArray) -> float:
         k = int(row.sum())
         if k == 0:
-            return self.pb.utility(0.0)
+            return self.pb.utility(j, 0.0)
         nodes = int(np.count_nonzero(row))
         changed = not np.array_equal(row, self.pb.base[j])
-        return self.pb.utility(self.pb.speedup(j, nodes, k, changed))
+        return self.pb.utility(j, self.pb.speedup(j, nodes, k, changed))
 
     def _plan_utility(self, j: int, plan: tuple[tuple[int, int], ...]) -> float:
         row = self.state[j].copy()
@@ -199,7 +200,7 @@ class _Search:
         if k >= pb.max_replicas[j] or (k == 0 and pb.min_replicas[j] > 1):
             return -np.inf
         nodes = max(int(np.count_nonzero(self.state[j])), 1)
-        return pb.utility(pb.speedup(j, nodes, k + 1, changed=True)) - float(self.util[j])
+        return pb.utility(j, pb.speedup(j, nodes, k + 1, changed=True)) - float(self.util[j])
 
     def transfers(self, max_rounds: int, shortlist: int = 48) -> bool:
         """Move single GPUs from cheap donors to the jobs that gain most from them.
@@ -333,13 +334,13 @@ def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
         cap = int(problem.max_replicas[j])
         base_k = int(problem.base[j].sum())
         base_n = int(np.count_nonzero(problem.base[j]))
-        row = [problem.utility(0.0)]
+        row = [problem.utility(j, 0.0)]
         for k in range(1, cap + 1):
             if k == base_k:
-                row.append(problem.utility(problem.speedup(j, base_n, k, changed=False)))
+                row.append(problem.utility(j, problem.speedup(j, base_n, k, changed=False)))
             else:
                 n = min(-(-k // g), problem.num_nodes)
-                row.append(problem.utility(problem.speedup(j, n, k, changed=True)))
+                row.append(problem.utility(j, problem.speedup(j, n, k, changed=True)))
         tables.append(row)
     return tables
 
@@ -352,9 +353,10 @@ def _las_admission(problem: PolluxProblem, tables: list[list[float]]) -> list[in
     choice the way that minimises mean JCT: short jobs first, as 2D-LAS does. The paper's GA
     does the same implicitly — its repair step gives capacity to jobs in attained-service order.
     """
-    order = sorted(
+    jobs = problem.jobs
+    order = sorted(  # higher priority first (the objective weighs it that way too)
         range(problem.num_jobs),
-        key=lambda j: (problem.jobs[j].attained_service, problem.jobs[j].submit_time, j),
+        key=lambda j: (-jobs[j].priority, jobs[j].attained_service, jobs[j].submit_time, j),
     )
     counts = [0] * problem.num_jobs
     free = problem.total_gpus
@@ -614,7 +616,6 @@ class PolluxPolicy:
         self.epsilon = epsilon
         self.avoid_interference = avoid_interference
         self.search_rounds = search_rounds
-        self.last_fitness: float | None = None
 
     def problem(self, snapshot: ClusterSnapshot) -> PolluxProblem:
         return PolluxProblem(
@@ -627,13 +628,13 @@ class PolluxPolicy:
         )
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
-        del rng  # deterministic: ties break by job order
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
+        """Maximise FITNESS_p; ``diagnostics["fitness"]`` is the decision's FITNESS_p."""
+        del state, rng  # stateless; deterministic: ties break by job order
         problem = self.problem(snapshot)
         if problem.num_jobs == 0 or problem.num_nodes == 0:
-            self.last_fitness = None
-            return {}
+            return Decision({})
         floor = 1 if self.admission == "las" else 0
         counts = _choose_counts(problem, _count_utilities(problem), self.admission)
         starts = [_pack(problem, counts)]
@@ -641,7 +642,7 @@ class PolluxPolicy:
             # Small problems: also search from the current allocation placement-aware, which
             # catches bin-packing effects the count phase cannot see.
             starts.append(problem.base)
-        state, fit = problem.base, float(problem.fitness(problem.base[None])[0])
+        best, fit = problem.base, float(problem.fitness(problem.base[None])[0])
         for i, start in enumerate(starts):
             search = _Search(problem, start, floor)
             search.greedy()  # hand out GPUs the packing left over
@@ -657,6 +658,5 @@ class PolluxPolicy:
                 search.greedy()
             value = float(problem.fitness(search.state[None])[0])
             if value > fit + 1e-15:  # never worse than standing still
-                state, fit = search.state.copy(), value
-        self.last_fitness = fit
-        return problem.to_allocations(state)
+                best, fit = search.state.copy(), value
+        return Decision(problem.to_allocations(best), diagnostics={"fitness": fit})

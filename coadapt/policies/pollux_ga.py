@@ -6,15 +6,15 @@ matrices evolves for 100 generations; each generation applies single-point cross
 mutations that reset a job to its current allocation, zero out some of its GPUs or add GPUs
 where nodes have room, and a repair step that restores feasibility; survivors are the fittest
 of parents and children. The population carries over between rounds (adapted to the jobs and
-nodes still present), which is why this policy is stateful. All randomness comes from the
-generator passed to :meth:`PolluxGAPolicy.optimize`.
+nodes still present): the decision's state holds it (``population``, ``jobs``, ``nodes``) as
+JSON lists. All randomness comes from the generator passed to :meth:`PolluxGAPolicy.optimize`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from coadapt.policies.base import Allocation, BatchMode, ClusterSnapshot
+from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
 from coadapt.policies.pollux_problem import IntArray, PolluxProblem
 
 
@@ -37,21 +37,21 @@ class PolluxGAPolicy:
         self.avoid_interference = avoid_interference
         self.population = population
         self.generations = generations
-        self.last_fitness: float | None = None
-        self._prev_states: IntArray | None = None
-        self._prev_jobs: list[str] = []
-        self._prev_nodes: list[str] = []
 
-    def _initial(self, problem: PolluxProblem, snapshot: ClusterSnapshot) -> IntArray:
+    @staticmethod
+    def _initial(problem: PolluxProblem, snapshot: ClusterSnapshot, state: PolicyState) -> IntArray:
         base = problem.base[None]
-        if self._prev_states is None:
+        if not state.get("population"):
             return base
         jobs = problem.names
         nodes = [n.name for n in snapshot.nodes]
-        prev = self._prev_states
+        prev_jobs, prev_nodes = list(state["jobs"]), list(state["nodes"])
+        prev = np.asarray(state["population"], dtype=np.int64).reshape(
+            -1, len(prev_jobs), len(prev_nodes)
+        )
         states = np.zeros((prev.shape[0], len(jobs), len(nodes)), dtype=np.int64)
-        job_src = {name: i for i, name in enumerate(self._prev_jobs)}
-        node_src = {name: i for i, name in enumerate(self._prev_nodes)}
+        job_src = {name: i for i, name in enumerate(prev_jobs)}
+        node_src = {name: i for i, name in enumerate(prev_nodes)}
         for j, name in enumerate(jobs):
             if name not in job_src:
                 continue
@@ -61,13 +61,13 @@ class PolluxGAPolicy:
         return np.concatenate([base, problem.repair(states)], axis=0)
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
+        """Evolve the carried-over population; ``diagnostics["fitness"]`` is the best FITNESS_p."""
         problem = PolluxProblem(snapshot, self.p, self.epsilon, self.avoid_interference)
         if problem.num_jobs == 0 or problem.num_nodes == 0:
-            self.last_fitness = None
-            return {}
-        pop = self._initial(problem, snapshot)
+            return Decision({}, dict(state))
+        pop = self._initial(problem, snapshot, state)
         if pop.shape[0] < self.population:  # fill up with mutants of what we have
             extra = pop[rng.integers(pop.shape[0], size=self.population - pop.shape[0])]
             pop = np.concatenate([pop, problem.repair(self._mutate(problem, extra, rng))])
@@ -80,11 +80,12 @@ class PolluxGAPolicy:
             keep = np.argsort(-allfit, kind="stable")[: self.population]
             pop, fit = allpop[keep], allfit[keep]
         best = int(np.argmax(fit))
-        self._prev_states = pop.copy()
-        self._prev_jobs = list(problem.names)
-        self._prev_nodes = [n.name for n in snapshot.nodes]
-        self.last_fitness = float(fit[best])
-        return problem.to_allocations(pop[best])
+        new_state: PolicyState = {
+            "population": pop.tolist(),
+            "jobs": list(problem.names),
+            "nodes": [n.name for n in snapshot.nodes],
+        }
+        return Decision(problem.to_allocations(pop[best]), new_state, {"fitness": float(fit[best])})
 
     def _offspring(
         self, problem: PolluxProblem, pop: IntArray, fit: np.ndarray, rng: np.random.Generator

@@ -12,7 +12,16 @@ algorithm (:mod:`coadapt.policies.pollux_ga`), so both maximise exactly the same
   from the job's current allocation (at least ``PENDING_FACTOR_FLOOR`` for a job holding no
   GPUs, so a job that just retried is never priced at zero while GPUs sit idle);
 * ``FITNESS_p = ((1/J) Σ_j (SPEEDUP_j + ε)^p)^(1/p)`` over running *and* pending jobs, eq. 15
-  (ε keeps a job with no GPUs finite when p < 0; p = 0 is the geometric mean).
+  (ε keeps a job with no GPUs finite when p < 0; p = 0 is the geometric mean);
+* when the jobs' ``priority`` differs, the mean is weighted: a job weighs
+  ``PRIORITY_BASE ** level``, its level being the rank of its priority among the distinct
+  priorities present (0 for the lowest, at most ``MAX_PRIORITY_LEVEL``). Priorities are an order,
+  not a magnitude (the tuning runner numbers its experiments 1..n), so only the rank counts. At
+  p < 0 an idle job costs about ``weight / ε``, so where GPUs are too few for everyone's first
+  GPU a higher-priority job is admitted before a lower one, as FIFO, Tiresias and Optimus do;
+  once admitted, jobs are sized by goodput with a mild (2× per level) preference for higher
+  priority, so a low-priority job still gets the GPUs higher ones gain little from. Equal
+  priorities weigh the same: the objective is then exactly eq. 15.
 
 Constraints: node capacity; at most one distributed (multi-node) job per node when
 interference avoidance is on; each job between its min replicas (or 0) and its cap
@@ -33,6 +42,19 @@ IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 # The least re-allocation factor of a job that holds no GPUs (see PolluxProblem.__init__).
 PENDING_FACTOR_FLOOR = 1e-6
+#: Weight ratio between neighbouring priority levels, and the most levels that are told apart.
+PRIORITY_BASE = 2.0
+MAX_PRIORITY_LEVEL = 30
+
+
+def priority_weights(priorities: list[int]) -> FloatArray | None:
+    """Each job's weight in FITNESS_p (see the module docstring); None when all priorities are
+    equal (unweighted eq. 15, computed exactly as without priorities)."""
+    levels = sorted(set(priorities))
+    if len(levels) <= 1:
+        return None
+    rank = {p: min(i, MAX_PRIORITY_LEVEL) for i, p in enumerate(levels)}
+    return np.array([PRIORITY_BASE ** rank[p] for p in priorities], dtype=np.float64)
 
 
 def _limits_for(job: JobInfo) -> BatchLimits:
@@ -61,6 +83,7 @@ class PolluxProblem:
         self.avoid_interference = avoid_interference
         self.jobs: list[JobInfo] = list(snapshot.jobs.values())
         self.names = [job.name for job in self.jobs]
+        self.weights = priority_weights([job.priority for job in self.jobs])
         self.node_caps: IntArray = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
         self.num_jobs = len(self.jobs)
         self.num_nodes = len(snapshot.nodes)
@@ -170,14 +193,17 @@ class PolluxProblem:
         value = self.speedup_fns[j].scalar(nodes, replicas)
         return value * self.realloc_factor[j] * (1.0 - self.switch_margin) if changed else value
 
-    def utility(self, speedup: float) -> float:
-        """Per-job term g(s) whose sum orders states exactly as FITNESS_p does."""
+    def utility(self, j: int, speedup: float) -> float:
+        """Job j's term g_j(s) whose sum orders states exactly as FITNESS_p does (its priority
+        weight included)."""
         x = speedup + self.epsilon
         if self.p == 0:
-            return math.log(x)
-        if self.p < 0:
-            return -(x**self.p)
-        return float(x**self.p)
+            g = math.log(x)
+        elif self.p < 0:
+            g = -(x**self.p)
+        else:
+            g = float(x**self.p)
+        return g if self.weights is None else g * float(self.weights[j])
 
     def job_speedups(self, states: IntArray) -> FloatArray:
         """(P, J) speedups (factor included) of a batch of (P, J, N) states."""
@@ -197,6 +223,11 @@ class PolluxProblem:
         x = np.asarray(speedups, dtype=np.float64) + self.epsilon
         if x.shape[-1] == 0:
             return np.ones(x.shape[:-1])
+        w = self.weights
+        if w is not None and w.shape[0] == x.shape[-1]:
+            if self.p == 0:
+                return np.exp(np.sum(w * np.log(x), axis=-1) / w.sum())
+            return (np.sum(w * x**self.p, axis=-1) / w.sum()) ** (1.0 / self.p)
         if self.p == 0:
             return np.exp(np.mean(np.log(x), axis=-1))
         return np.mean(x**self.p, axis=-1) ** (1.0 / self.p)

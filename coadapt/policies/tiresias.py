@@ -7,85 +7,90 @@ are FIFO. Each round jobs are admitted greedily in queue order while their GPUs 
 later jobs may pass a blocked one); admitted jobs keep their placement, newly admitted ones
 are placed on the nodes with most free GPUs, and jobs no longer admitted are preempted.
 
-The policy keeps its own queues and executed-time counters across rounds, measured in whole
-seconds of the snapshot clock, as the reference implementation does.
+The queues and executed-time counters, measured in whole seconds of the snapshot clock as the
+reference implementation does, live in the policy state, so a controller restart keeps them.
+Within a queue, a job of higher ``JobInfo.priority`` goes first (FIFO among equals).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
 import numpy as np
 
-from coadapt.policies.base import Allocation, BatchMode, ClusterSnapshot
-from coadapt.policies.greedy import free_gpus, place_greedy, requested_gpus
+from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
+from coadapt.policies.greedy import by_priority, free_gpus, place_greedy, requested_gpus
 
 #: Queue-0 threshold: 16 GPU-hours of attained service, in GPU-seconds.
 DEFAULT_THRESHOLD = 16 * 3600
 
 
-class _Status(str, Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-
-
 @dataclass
 class TiresiasPolicy:
-    """Two-queue discretised 2D-LAS (see the module docstring)."""
+    """Two-queue discretised 2D-LAS (see the module docstring).
+
+    State (JSON): ``queues`` (two lists of job names), ``running`` (names admitted last round),
+    ``executed`` (whole seconds admitted) and ``last_check`` (the clock of each job's last
+    accounting), all of which a controller restart must keep.
+    """
 
     threshold: float = DEFAULT_THRESHOLD
     name: str = "tiresias"
     batch_mode: BatchMode = BatchMode.FIXED
-    _queues: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
-    _status: dict[str, _Status] = field(default_factory=dict)
-    _executed: dict[str, int] = field(default_factory=dict)  # seconds admitted
-    _last_check: dict[str, int] = field(default_factory=dict)
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
         del rng  # deterministic
         now = int(snapshot.now)
         jobs = snapshot.jobs
-        q0, q1 = self._queues
-        q0[:] = [k for k in q0 if k in jobs]
-        q1[:] = [k for k in q1 if k in jobs]
-        for table in (self._status, self._executed, self._last_check):
-            for k in [k for k in table if k not in jobs]:
-                del table[k]
+        queues = state.get("queues") or [[], []]
+        q0 = [k for k in queues[0] if k in jobs]
+        q1 = [k for k in queues[1] if k in jobs]
+        known = set(q0) | set(q1)
+        running = {k for k in state.get("running", []) if k in jobs}
+        executed = {k: int(v) for k, v in state.get("executed", {}).items() if k in jobs}
+        last_check = {k: int(v) for k, v in state.get("last_check", {}).items() if k in jobs}
         requested = {k: requested_gpus(j) for k, j in jobs.items()}
         # A running job keeps its GPUs only if they are the ones it asked for.
         allocations = {
             k: a for k, a in snapshot.current.items() if k in jobs and sum(a) == requested[k]
         }
         for key in jobs:
-            if key not in self._status:
-                self._status[key] = _Status.PENDING
+            if key not in known:
                 q0.append(key)
         # Account the time since the last round and demote jobs past the threshold.
         for key in jobs:
-            if self._status[key] is _Status.RUNNING:
-                since = now - self._last_check.get(key, 0)
-                self._executed[key] = self._executed.get(key, 0) + since
+            if key in running:
+                since = now - last_check.get(key, 0)
+                executed[key] = executed.get(key, 0) + since
                 gpus = requested[key] or 0
-                if key in q0 and self._executed[key] * gpus >= self.threshold:
+                if key in q0 and executed[key] * gpus >= self.threshold:
                     q0.remove(key)
                     q1.append(key)
-            self._last_check[key] = now
-        # Admit greedily in queue order.
+            last_check[key] = now
+        # Admit greedily in queue order (higher job priority first within a queue).
         budget = snapshot.total_gpus
-        for key in (*q0, *q1):
+        order = [*by_priority(q0, jobs), *by_priority(q1, jobs)]
+        running = set()
+        for key in order:
             want = requested[key]
             if want is not None and want <= budget:
-                self._status[key] = _Status.RUNNING
+                running.add(key)
                 budget -= want
             else:
-                self._status[key] = _Status.PENDING
                 allocations.pop(key, None)
         free = free_gpus(snapshot, allocations)
-        for key in (*q0, *q1):
+        for key in order:
             want = requested[key]
-            if self._status[key] is _Status.RUNNING and key not in allocations and want:
+            if key in running and key not in allocations and want:
                 allocations[key] = place_greedy(free, want)
-        return allocations
+        new_state: PolicyState = {
+            "queues": [q0, q1],
+            "running": [k for k in order if k in running],
+            "executed": executed,
+            "last_check": last_check,
+        }
+        return Decision(
+            allocations, new_state, {"queue0": float(len(q0)), "queue1": float(len(q1))}
+        )

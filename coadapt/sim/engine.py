@@ -12,7 +12,9 @@ can be reproduced:
   epoch ends at the traced progress mark and the job completes after its last epoch.
 * Jobs pick their batch per the policy's :class:`BatchMode` at every epoch boundary, every
   step and on re-allocation; adaptive jobs profile every new configuration and refit their
-  throughput model, exactly as a real job would.
+  throughput model, exactly as a real job would, and choose (m, s) with the training
+  library's own rule (:func:`coadapt.goodput.agent.choose_batch`), in its artifact-compatible
+  mode unless :attr:`SimConfig.artifact_agent` is off.
 
 Everything is deterministic: no wall-clock reads, and the policy gets a generator derived
 from ``(seed, round)``, so runs with the same inputs give identical results.
@@ -35,16 +37,17 @@ from coadapt.goodput import (
     PerfParams,
     fit_perf_params,
 )
+from coadapt.goodput.agent import MIN_MEASUREMENTS, choose_batch, split_total
 from coadapt.goodput.fit import FitError
 from coadapt.policies.base import (
     Allocation,
     BatchMode,
-    ClusterSnapshot,
-    JobInfo,
     Policy,
     PolicyError,
+    PolicyState,
     validate_allocations,
 )
+from coadapt.policies.snapshot import JobFacts, accrued_service, allocation_dict, build_snapshot
 from coadapt.sim.applications import Application, Placement, get_application
 from coadapt.sim.cluster import ClusterSpec
 from coadapt.sim.errors import SimInputError, SimulationError
@@ -64,6 +67,10 @@ class SimConfig:
     interference: float = 0.0  # slowdown of distributed jobs sharing a node, in [0, 1)
     seed: int = 0
     max_time: float = 90 * 24 * 3600.0  # give up (as an error) past this simulated time
+    # Adaptive jobs' batch rule (coadapt.goodput.agent): True = the Pollux artifact's
+    # unguarded eq. 14 optimum, which reproduces the published figures; False = the agent
+    # the training library ships (noise gate, 2x trust region, 5% adoption threshold).
+    artifact_agent: bool = True
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -161,8 +168,11 @@ class _Job:
     _perf: PerfParams | None = None  # fitted on the current profile; None = refit needed
     _prev_perf: PerfParams | None = None  # the last fit, to warm-start the next one
     _model: GoodputModel | None = None  # cached (perf, grad) model; None = rebuild needed
-    # Last batch choice: same model object and shape give the same answer (saves ~10^4 calls).
-    _choice: tuple[tuple[GoodputModel, int, int], int, int] | None = None
+    artifact_agent: bool = True  # see SimConfig.artifact_agent
+    measurements: int = 0  # gradient-noise observations (the agent's gate counts them)
+    _total: int = 0  # total batch M of the last choice (the shipped agent's trust region)
+    # Last batch choice: same inputs give the same answer (saves ~10^4 calls).
+    _choice: tuple[tuple[object, ...], int, int] | None = None
 
     @property
     def gpus(self) -> int:
@@ -200,6 +210,7 @@ class _Job:
     def observe(
         self, nodes: int, replicas: int, step: float, sync: float, sqr: float, var: float
     ) -> None:
+        self.measurements += 1
         if self.grad is None or self.grad.sqr != sqr or self.grad.var != var:
             self.grad = GradParams(sqr, var)
             self._model = None
@@ -219,10 +230,27 @@ class _Job:
         if target is None:
             model = self.goodput_model()
             assert model is not None  # a profile implies grad stats; internal invariant
-            memo_key = (model, len(self.placement), replicas)
+            nodes = len(self.placement)
+            if self.artifact_agent:
+                current = (0, 0)  # unused by the artifact's rule
+                memo_key: tuple[object, ...] = (model, nodes, replicas)
+            else:  # the current total batch, split over the replicas the job has now (at
+                # least the traced minimum micro-batch each: the traces cover nothing smaller)
+                total = max(self._total, self.app.init_batch_size, replicas * app.min_local_bsz)
+                current = split_total(total, replicas, self.limits.max_local_bsz)
+                gated = self.measurements < MIN_MEASUREMENTS
+                memo_key = (model, nodes, replicas, current, gated)
             if self._choice is None or self._choice[0] != memo_key:
-                choice = model.optimize(len(self.placement), replicas, self.limits)
-                self._choice = (memo_key, int(choice.local_bsz), int(choice.accum_steps))
+                choice = choose_batch(
+                    model,
+                    self.limits,
+                    current,
+                    nodes,
+                    replicas,
+                    self.measurements,
+                    artifact_compatible=self.artifact_agent,
+                )
+                self._choice = (memo_key, *choice.config)
             _, atomic, accum = self._choice
         else:
             local = math.ceil(target / replicas - _EPS)
@@ -232,6 +260,7 @@ class _Job:
             atomic = math.ceil(local / (accum + 1) - _EPS)
         self.accum_steps = accum
         self.atomic_bsz = min(atomic, int(app.max_batch_size / (replicas * (accum + 1))))
+        self._total = replicas * self.atomic_bsz * (accum + 1)
 
     def reallocate(self, alloc: Allocation | None, now: float) -> None:
         if alloc is None:
@@ -259,7 +288,6 @@ class _Job:
         now = start
         delay = min(self.rescale_left, seconds)
         now += delay
-        self.attained += delay * replicas
         self.rescale_left -= delay
         seconds -= delay
         m0 = app.init_batch_size
@@ -275,7 +303,6 @@ class _Job:
             if self.progress + goodput * seconds < next_progress:
                 self.progress += goodput * seconds
                 now += seconds
-                self.attained += seconds * replicas
                 seconds = 0
             else:
                 self.epoch += 1
@@ -284,9 +311,10 @@ class _Job:
                     self.completion_time = now + delta
                 self.progress = next_progress
                 now += delta
-                self.attained += delta * replicas
                 seconds -= delta
             self.choose_batch()
+        # GPUs are held (and counted) from ``start`` through restart delays until ``now``.
+        self.attained = accrued_service(self.attained, replicas, start, now)
 
     def remaining_iterations(self) -> float:
         """Optimizer iterations left at the submitted batch (Optimus' oracle)."""
@@ -329,6 +357,8 @@ class Simulator:
         self.now = 0.0
         self.round = 0
         self._alloc: dict[str, Allocation] = {}
+        self.policy_state: PolicyState = {}  # handed back to the policy each round
+        self.diagnostics: list[dict[str, float]] = []  # each round's Decision.diagnostics
         self._utilisation: list[tuple[float, float]] = []
         self._step_time_memo: dict[tuple[str, int, int], float] = {}
         self._jobs = [self._make_job(spec) for spec in workload.jobs]
@@ -363,7 +393,9 @@ class Simulator:
             accumulation=True,
             pinned_batch=pinned,
         )
-        return _Job(spec, app, mode, limits, target, max_replicas, self.config.restart_delay)
+        job = _Job(spec, app, mode, limits, target, max_replicas, self.config.restart_delay)
+        job.artifact_agent = self.config.artifact_agent
+        return job
 
     @property
     def done(self) -> bool:
@@ -401,9 +433,12 @@ class Simulator:
 
         return step_time
 
-    def _job_info(self, job: _Job) -> JobInfo:
+    def _job_facts(self, job: _Job) -> JobFacts:
+        """The simulated job in the snapshot builder's neutral terms (attained service is
+        already counted up to the round: :meth:`_Job.advance` ran first)."""
         mode = job.mode
-        return JobInfo(
+        alloc = self._alloc.get(job.spec.name)
+        return JobFacts(
             name=job.spec.name,
             submit_time=job.spec.submit_time,
             attained_service=job.attained,
@@ -418,6 +453,7 @@ class Simulator:
             remaining_iterations=(
                 job.remaining_iterations() if mode is BatchMode.FIXED_BATCH else None
             ),
+            allocation=allocation_dict(alloc, self.nodes) if alloc else {},
         )
 
     def step(self) -> None:
@@ -431,17 +467,18 @@ class Simulator:
             j for j in self._jobs if j.spec.submit_time <= self.now and j.completion_time is None
         ]
         if active:
-            names = {j.spec.name for j in active}
-            current = {k: v for k, v in self._alloc.items() if k in names}
-            snapshot = ClusterSnapshot(
-                now=self.now,
-                nodes=self.nodes,
-                jobs={j.spec.name: self._job_info(j) for j in active},
-                current=current,
-                restart_delay=self.config.restart_delay,
+            snapshot = build_snapshot(
+                [self._job_facts(j) for j in active],
+                self.nodes,
+                self.now,
+                self.config.restart_delay,
             )
+            current = snapshot.current
             rng = np.random.default_rng([self.config.seed, self.round])
-            decided = self.policy.optimize(snapshot, rng)
+            decision = self.policy.optimize(snapshot, self.policy_state, rng)
+            decided = decision.allocations
+            self.policy_state = decision.state
+            self.diagnostics.append(decision.diagnostics)
             try:
                 validate_allocations(snapshot, decided)
             except PolicyError as exc:

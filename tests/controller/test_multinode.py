@@ -16,7 +16,7 @@ from coadapt.controller.reconciler import Controller, ControllerConfig
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
 from coadapt.executors import FakeExecutor
-from coadapt.policies import Allocation, BatchMode, ClusterSnapshot
+from coadapt.policies import BatchMode, ClusterSnapshot, Decision, PolicyState
 from tests.controller.conftest import FakeClock, Rig
 
 
@@ -30,14 +30,16 @@ class NodePolicy:
     seen: list[ClusterSnapshot] = field(default_factory=list)
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
         self.seen.append(snapshot)
-        return {
-            job: tuple(per.get(n.name, 0) for n in snapshot.nodes)
-            for job, per in self.plan.items()
-            if job in snapshot.jobs
-        }
+        return Decision(
+            {
+                job: tuple(per.get(n.name, 0) for n in snapshot.nodes)
+                for job, per in self.plan.items()
+                if job in snapshot.jobs
+            }
+        )
 
 
 @pytest.fixture

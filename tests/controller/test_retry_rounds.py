@@ -83,6 +83,6 @@ def test_a_pending_job_with_a_zero_restart_factor_still_gets_idle_gpus() -> None
     # The running job keeps its raw factor; the job holding nothing is floored above zero.
     assert problem.realloc_factor[0] == 10.0 / 40.0
     assert 0.0 < problem.realloc_factor[1] < 1e-3
-    decided = make_policy("pollux").optimize(snap, np.random.default_rng(0))
+    decided = make_policy("pollux").optimize(snap, {}, np.random.default_rng(0)).allocations
     assert sum(decided.get("retried", (0,))) > 0
     assert sum(sum(a) for a in decided.values()) == 4  # no slot left idle

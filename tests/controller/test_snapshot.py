@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from coadapt.controller.snapshot import build_snapshot, goodput_model, speedup
+from coadapt.controller.snapshot import build_snapshot, goodput_model, perf_params, speedup
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Job
@@ -87,3 +87,20 @@ def test_snapshot_has_one_node_and_current_allocations() -> None:
     assert snap.total_gpus == 4 and snap.restart_delay == 5.0
     assert dict(snap.current) == {"a": (3,)}
     assert list(snap.jobs) == ["a", "b"]
+
+
+def test_attained_service_counts_up_to_the_round() -> None:
+    running = job(state=JobState.RUNNING, replicas=2, attained_service=10.0, service_at=5.0)
+    snap = build_snapshot([running], 4, 15.0, 5.0)
+    assert snap.jobs["j"].attained_service == 30.0  # 10 + 2 slots x 10 s
+
+
+def test_profile_fit_is_reported_as_such_and_reused() -> None:
+    profile = [
+        {"nodes": 1, "replicas": k, "local_bsz": 32, "accum_steps": 0, "iter_time": 0.04 + k / 1e3}
+        for k in (1, 2)
+    ]
+    perf, source = perf_params({"profile": profile})
+    assert perf is not None and source == "fitted from profile"
+    assert perf_params({"profile": [dict(r) for r in profile]})[0] is perf  # cached, not refit
+    assert perf_params({"perf": PERF})[1] == "reported" and perf_params({}) == (None, None)

@@ -40,7 +40,7 @@ from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
 from coadapt.executors._proc import proc_state
 from coadapt.executors.ray_executor import RayExecutor
-from coadapt.policies import Allocation, BatchMode, ClusterSnapshot
+from coadapt.policies import Allocation, BatchMode, ClusterSnapshot, Decision, PolicyState
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "dist_job.py"
@@ -61,8 +61,8 @@ class SpreadPolicy:
     batch_mode: BatchMode = BatchMode.ADAPTIVE
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
         free = [n.gpus for n in snapshot.nodes]
         out: dict[str, Allocation] = {}
         for job in snapshot.jobs:
@@ -75,7 +75,7 @@ class SpreadPolicy:
                         free[i] -= 1
                         k -= 1
             out[job] = tuple(alloc)
-        return out
+        return Decision(out)
 
 
 def wait_for(what: str, pred: Callable[[], Any], timeout: float) -> Any:

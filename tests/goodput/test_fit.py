@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,8 @@ from coadapt.goodput import (
     grad_time,
     iter_time,
 )
-from coadapt.goodput.fit import _objective
+from coadapt.goodput import fit as fit_mod
+from coadapt.goodput.fit import _objective, fit_profile, profile_key
 
 TRUE = PerfParams(0.02, 0.001, 0.05, 0.005, 0.2, 0.02, 2.0)
 CONFIGS = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 4), (2, 8), (4, 16)]
@@ -92,3 +95,43 @@ def test_bad_observations_are_rejected(kwargs: dict[str, list[float]], message: 
 )
 def test_exploration_cap_is_twice_the_most_held(held: int, maximum: int, expected: int) -> None:
     assert exploration_cap(held, maximum) == expected
+
+
+def _profile(ks: tuple[int, ...]) -> list[dict[str, object]]:
+    return [
+        {
+            "nodes": 1,
+            "replicas": k,
+            "local_bsz": 32,
+            "accum_steps": 0,
+            "iter_time": 0.04 + 0.004 * k,
+        }
+        for k in ks
+    ]
+
+
+def test_profile_fit_runs_once_per_profile_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = fit_mod.fit_perf_params
+
+    def counting(obs: Observations, *args: object, **kwargs: object) -> PerfParams:
+        calls.append(obs.num_nodes.size)
+        return real(obs)
+
+    monkeypatch.setattr(fit_mod, "fit_perf_params", counting)
+    fit_mod._fit_profile.cache_clear()
+    first = fit_profile(_profile((1, 2)))
+    again = fit_profile(_profile((1, 2)))  # the same data reported again: no refit
+    assert first is not None and again == first and calls == [2]
+    grown = fit_profile(_profile((1, 2, 4)))  # a new configuration: one refit
+    assert grown is not None and calls == [2, 3]
+    fit_mod._fit_profile.cache_clear()
+
+
+def test_profile_key_skips_unusable_rows() -> None:
+    rows = [*_profile((1,)), {**_profile((2,))[0], "nodes": True}, "junk", {"nodes": 1}]
+    rows.append({**_profile((4,))[0], "iter_time": math.inf})
+    assert profile_key(rows) == ((1.0, 1.0, 32.0, 0.0, 0.044),)
+    assert profile_key(None) == () and fit_profile([]) is None and fit_profile("x") is None
+    bad = [{**r, "iter_time": -1.0} for r in _profile((1, 2))]
+    assert fit_profile(bad) is None  # not fittable: no model rather than an error

@@ -29,17 +29,34 @@ def test_declares_fixed_mode() -> None:
 
 
 def test_head_of_line_blocks_later_jobs() -> None:
-    allocs = FifoPolicy().optimize(_snap([("a", 0, 6), ("b", 1, 4), ("c", 2, 1)]), RNG)
+    allocs = (
+        FifoPolicy().optimize(_snap([("a", 0, 6), ("b", 1, 4), ("c", 2, 1)]), {}, RNG).allocations
+    )
     assert set(allocs) == {"a"} and sum(allocs["a"]) == 6
 
 
 def test_running_jobs_are_never_preempted() -> None:
     current = {"late": (4, 0)}
-    allocs = FifoPolicy().optimize(_snap([("early", 0, 8), ("late", 5, 4)], current), RNG)
+    allocs = (
+        FifoPolicy()
+        .optimize(_snap([("early", 0, 8), ("late", 5, 4)], current), {}, RNG)
+        .allocations
+    )
     assert allocs == {"late": (4, 0)}
 
 
 def test_admits_in_submission_order_while_it_fits() -> None:
-    allocs = FifoPolicy().optimize(_snap([("b", 1, 2), ("a", 0, 4), ("c", 2, 2)]), RNG)
+    allocs = (
+        FifoPolicy().optimize(_snap([("b", 1, 2), ("a", 0, 4), ("c", 2, 2)]), {}, RNG).allocations
+    )
     assert {k: sum(v) for k, v in allocs.items()} == {"a": 4, "b": 2, "c": 2}
     assert allocs["a"] == (4, 0)
+
+
+def test_higher_priority_jumps_the_queue() -> None:
+    snap = _snap([("a", 0, 6), ("b", 1, 4)])
+    jobs = dict(snap.jobs)
+    jobs["b"] = JobInfo(name="b", submit_time=1, requested_replicas=4, priority=2)
+    snap = ClusterSnapshot(now=100.0, nodes=snap.nodes, jobs=jobs)
+    allocs = FifoPolicy().optimize(snap, {}, RNG).allocations
+    assert set(allocs) == {"b"}  # b first; a (6 GPUs) then blocks on the 4 left

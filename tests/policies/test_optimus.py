@@ -39,27 +39,31 @@ def test_declares_fixed_batch_mode() -> None:
 
 
 def test_gpus_go_to_largest_remaining_time_reduction() -> None:
-    allocs = OptimusPolicy().optimize(
-        _snap([_job("long", 1.0, 10_000), _job("short", 1.0, 10)]), RNG
+    allocs = (
+        OptimusPolicy()
+        .optimize(_snap([_job("long", 1.0, 10_000), _job("short", 1.0, 10)]), {}, RNG)
+        .allocations
     )
     assert sum(allocs["short"]) == 1
     assert sum(allocs["long"]) == 7
 
 
 def test_max_replicas_caps_growth_and_gpus_may_stay_idle() -> None:
-    allocs = OptimusPolicy().optimize(_snap([_job("a", 1.0, 1000, max_replicas=3)]), RNG)
+    allocs = (
+        OptimusPolicy().optimize(_snap([_job("a", 1.0, 1000, max_replicas=3)]), {}, RNG).allocations
+    )
     assert sum(allocs["a"]) == 3
 
 
 def test_every_job_gets_one_gpu_first() -> None:
     jobs = [_job(f"j{i}", 1.0, 100 * (i + 1)) for i in range(8)]
-    allocs = OptimusPolicy().optimize(_snap(jobs), RNG)
+    allocs = OptimusPolicy().optimize(_snap(jobs), {}, RNG).allocations
     assert all(sum(allocs[j.name]) == 1 for j in jobs)
 
 
 def test_unchanged_counts_keep_placement() -> None:
     jobs = [_job("a", 1.0, 10), _job("b", 1.0, 10_000)]
     current = {"a": (0, 1)}
-    allocs = OptimusPolicy().optimize(_snap(jobs, current), RNG)
+    allocs = OptimusPolicy().optimize(_snap(jobs, current), {}, RNG).allocations
     assert allocs["a"] == (0, 1)
     assert sum(allocs["b"]) == 7

@@ -20,6 +20,8 @@ from coadapt.policies import (
     ClusterSnapshot,
     Policy,
     make_policy,
+    state_from_json,
+    state_to_json,
     validate_allocations,
 )
 from tests.policies.builders import random_snapshot
@@ -65,29 +67,35 @@ snapshots = st.builds(
 @given(name=st.sampled_from(POLICY_NAMES), snap=snapshots, seed=st.integers(0, 2**31))
 def test_invariants_hold_for_every_policy(name: str, snap: ClusterSnapshot, seed: int) -> None:
     policy = _make(name)
-    allocs = policy.optimize(snap, np.random.default_rng(seed))
+    allocs = policy.optimize(snap, {}, np.random.default_rng(seed)).allocations
     check_invariants(policy, snap, allocs)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(POLICY_NAMES), snap=snapshots, seed=st.integers(0, 2**31))
 def test_same_seed_same_decision(name: str, snap: ClusterSnapshot, seed: int) -> None:
-    first = _make(name).optimize(snap, np.random.default_rng(seed))
-    second = _make(name).optimize(snap, np.random.default_rng(seed))
+    first = _make(name).optimize(snap, {}, np.random.default_rng(seed))
+    second = _make(name).optimize(snap, {}, np.random.default_rng(seed))
     assert first == second
 
 
 def test_policies_over_several_rounds_stay_valid() -> None:
-    """Stateful policies (GA population, Tiresias queues) remain valid as jobs come and go."""
+    """Stateful policies (GA population, Tiresias queues) remain valid as jobs come and go,
+    their state is JSON, and a fresh policy object given the stored state decides the same
+    (nothing the next round needs lives on the object)."""
     for name in POLICY_NAMES:
         policy = _make(name)
-        rng = np.random.default_rng(7)
+        state: dict[str, Any] = {}
         for round_ in range(4):
             snap = random_snapshot(
                 seed=round_, num_nodes=4, num_jobs=6 + 2 * round_, now=10_000.0 + 60 * round_
             )
-            allocs = policy.optimize(snap, rng)
-            check_invariants(policy, snap, allocs)
+            stored = state_from_json(state_to_json(state))
+            decision = policy.optimize(snap, state, np.random.default_rng([7, round_]))
+            check_invariants(policy, snap, decision.allocations)
+            again = _make(name).optimize(snap, stored, np.random.default_rng([7, round_]))
+            assert again == decision, (name, round_)
+            state = decision.state
 
 
 def test_unknown_policy_lists_accepted_names() -> None:

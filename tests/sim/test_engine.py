@@ -112,3 +112,35 @@ def test_interference_slows_distributed_jobs_sharing_a_node() -> None:
     calm = summarise(simulate(wl, cluster, make_policy("fifo")))
     noisy = summarise(simulate(wl, cluster, make_policy("fifo"), SimConfig(interference=0.5)))
     assert noisy.avg_jct_s > calm.avg_jct_s * 1.3
+
+
+def _largest_batch_jump(path: Path, artifact_agent: bool) -> float:
+    """Largest factor by which any adaptive job's total batch grew from one round to the next
+    on an unchanged placement (where only the in-job agent moves it)."""
+    sim = Simulator(
+        load_workload(str(path)),
+        parse_cluster("2x2"),
+        make_policy("pollux"),
+        SimConfig(artifact_agent=artifact_agent),
+    )
+    seen: dict[str, tuple[tuple[int, ...], int]] = {}
+    jump = 1.0
+    while not sim.done and sim.round < 400:
+        sim.step()
+        for job in sim._jobs:
+            if not job.placement or job.completion_time is not None:
+                continue
+            total = job.gpus * job.atomic_bsz * (job.accum_steps + 1)
+            before = seen.get(job.spec.name)
+            if before is not None and before[0] == job.placement:
+                jump = max(jump, total / before[1])
+            seen[job.spec.name] = (job.placement, total)
+    assert sim.done
+    return jump
+
+
+def test_shipped_agent_keeps_its_trust_region_in_the_simulator(small_workload_path: Path) -> None:
+    """The simulator runs the library's agent: with it, no re-tune more than doubles M; the
+    artifact's unguarded rule jumps further (so the check can fail)."""
+    assert _largest_batch_jump(small_workload_path, artifact_agent=False) <= 2.0
+    assert _largest_batch_jump(small_workload_path, artifact_agent=True) > 2.0
