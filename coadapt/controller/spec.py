@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from coadapt import protocol
 from coadapt.controller.errors import SpecError
 from coadapt.controller.specfile import load_spec_file
 
@@ -44,22 +45,7 @@ MAX_SPEC_BYTES = 64 << 10  # the whole spec as JSON
 #: JSON-Schema pattern of a string a process can carry (no NUL); the validator says why.
 NO_NUL = r"^[^\x00]*$"
 #: Variables the controller sets for every replica; a spec may not override them.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "COADAPT_JOB_ID",
-        "COADAPT_NUM_NODES",
-        "COADAPT_CHECKPOINT_DIR",
-        "COADAPT_METRICS_URL",
-        "COADAPT_RESTARTS",
-        "COADAPT_JOB_TOKEN",
-    }
-)
+RESERVED_ENV = frozenset(protocol.RESERVED_ENV)
 
 #: What each field accepts, quoted in every rejection that names it.
 ACCEPTED: dict[str, str] = {

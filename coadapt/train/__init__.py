@@ -1,7 +1,7 @@
 """coadapt.train — elastic, goodput-adaptive training for PyTorch (the in-job PolluxAgent).
 
     import coadapt.train as ct
-    ctx = ct.init()                                   # env: RANK, WORLD_SIZE, COADAPT_*
+    ctx = ct.init()                                   # env: coadapt.protocol.ReplicaEnv
     loader = ct.AdaptiveDataLoader(dataset, batch_size=64, max_batch_size=1024)
     model = ct.AdaptiveModel(net, optimizer, loader)  # restores the checkpoint, if any
     for epoch in loader.epochs(10):

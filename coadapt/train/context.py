@@ -10,13 +10,12 @@ scheduler rescales a job. With no environment at all it is a plain single proces
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from coadapt.protocol import MetricReport, ReplicaEnv, ReplicaEnvError, StoppedRecord
 from coadapt.train.checkpoint import load_checkpoint, save_checkpoint
 from coadapt.train.memory import effective_cap, exit_for_oom, is_oom, read_limit
 from coadapt.train.metrics import MetricsSink
@@ -43,35 +43,9 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def _env_int(env: dict[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise TrainConfigError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _env_float(env: dict[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise TrainConfigError(f"environment variable {name}={raw!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise TrainConfigError(f"environment variable {name}={raw!r} must be a finite number >= 0")
-    return value
-
-
 # Periodic checkpoints by default: at most this many seconds of work are lost to a crash
 # (stretched so that checkpointing costs at most CHECKPOINT_BUDGET of the time; docs/train.md).
 DEFAULT_CHECKPOINT_INTERVAL = 120.0
-
-
-BATCH_MODES = ("adaptive", "fixed_batch", "fixed")
 
 
 @dataclass(frozen=True)
@@ -93,52 +67,40 @@ class TrainEnv:
     # retune (m, s); under "fixed" / "fixed_batch" policies (Tiresias, Optimus, FIFO) it stays
     # at the submitted batch, as those policies assume.
     batch_mode: str = "adaptive"
-    checkpoint_every: int = 0  # COADAPT_CHECKPOINT_EVERY: also checkpoint every N steps
-    # COADAPT_CHECKPOINT_INTERVAL: seconds between periodic checkpoints (0 = none)
+    checkpoint_every: int = 0  # also checkpoint every N steps (0: only periodically)
+    # seconds between periodic checkpoints (0 = none)
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
-    # COADAPT_MAX_LOCAL_BSZ: the controller's learned per-replica batch cap (after an OOM)
+    # the controller's learned per-replica batch cap (after an OOM)
     max_local_bsz: int | None = None
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> TrainEnv:
-        env = dict(os.environ if environ is None else environ)
-        world = _env_int(env, "WORLD_SIZE", 1)
-        rank = _env_int(env, "RANK", 0)
-        if world < 1 or not 0 <= rank < world:
-            raise TrainConfigError(
-                f"need 0 <= RANK < WORLD_SIZE, got RANK={rank} WORLD_SIZE={world}"
-            )
-        nodes = _env_int(env, "COADAPT_NUM_NODES", 1)
-        if not 1 <= nodes <= world:
-            raise TrainConfigError(f"need 1 <= COADAPT_NUM_NODES <= WORLD_SIZE, got {nodes}")
-        mode = env.get("COADAPT_BATCH_MODE") or "adaptive"
-        if mode not in BATCH_MODES:
-            raise TrainConfigError(
-                f"COADAPT_BATCH_MODE={mode!r} is not one of {', '.join(BATCH_MODES)}"
-            )
-        ckpt = env.get("COADAPT_CHECKPOINT_DIR") or None
-        cap = _env_int(env, "COADAPT_MAX_LOCAL_BSZ", 0) or None
-        if cap is not None and cap < 1:
-            raise TrainConfigError(f"COADAPT_MAX_LOCAL_BSZ must be >= 1, got {cap}")
-        mfile = env.get("COADAPT_METRICS_FILE") or None
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainEnv:
+        """Read the replica environment (:class:`coadapt.protocol.ReplicaEnv`, the contract
+        the controller and launcher write) and apply the library's defaults."""
+        try:
+            wire = ReplicaEnv.from_env(environ)
+        except ReplicaEnvError as exc:
+            raise TrainConfigError(str(exc)) from None
         return cls(
-            rank=rank,
-            world_size=world,
-            local_rank=_env_int(env, "LOCAL_RANK", rank),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_env_int(env, "MASTER_PORT", 29500),
-            job_id=env.get("COADAPT_JOB_ID", ""),
-            num_nodes=nodes,
-            checkpoint_dir=Path(ckpt) if ckpt else None,
-            metrics_url=env.get("COADAPT_METRICS_URL") or None,
-            metrics_file=Path(mfile) if mfile else None,
-            restarts=_env_int(env, "COADAPT_RESTARTS", 0),
-            batch_mode=mode,
-            checkpoint_every=_env_int(env, "COADAPT_CHECKPOINT_EVERY", 0),
-            checkpoint_interval=_env_float(
-                env, "COADAPT_CHECKPOINT_INTERVAL", DEFAULT_CHECKPOINT_INTERVAL
+            rank=wire.rank,
+            world_size=wire.world_size,
+            local_rank=wire.rank if wire.local_rank is None else wire.local_rank,
+            master_addr=wire.master_addr,
+            master_port=wire.master_port,
+            job_id=wire.job_id,
+            num_nodes=wire.num_nodes,
+            checkpoint_dir=Path(wire.checkpoint_dir) if wire.checkpoint_dir else None,
+            metrics_url=wire.metrics_url,
+            metrics_file=Path(wire.metrics_file) if wire.metrics_file else None,
+            restarts=wire.restarts,
+            batch_mode=wire.batch_mode or "adaptive",
+            checkpoint_every=wire.checkpoint_every or 0,
+            checkpoint_interval=(
+                DEFAULT_CHECKPOINT_INTERVAL
+                if wire.checkpoint_interval is None
+                else wire.checkpoint_interval
             ),
-            max_local_bsz=cap,
+            max_local_bsz=wire.max_local_bsz,
         )
 
 
@@ -301,12 +263,12 @@ class TrainingContext:
     def exit_for_rescale(self) -> None:
         """Checkpoint, report, leave the process group and exit with status 0."""
         path = self.save()
-        self.metrics.emit("stopped", checkpoint=str(path) if path else None)
+        self.metrics.emit(StoppedRecord(checkpoint=str(path) if path else None))
         self.shutdown()
         sys.exit(0)
 
     def report(self, name: str, value: float, step: int | None = None) -> None:
-        self.metrics.emit("metric", name=name, value=float(value), step=step)
+        self.metrics.emit(MetricReport(name=name, value=float(value), step=step))
 
     def shutdown(self) -> None:
         if sys.excepthook == self._excepthook:

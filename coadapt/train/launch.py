@@ -35,6 +35,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Protocol
 
+from coadapt.ports import free_port
+from coadapt.protocol import ENV_JOB_ID, ReplicaEnv
+
 GRACE_S = 15.0
 _POLL_S = 0.01
 _PREFIX = "[launch] "
@@ -42,13 +45,6 @@ _PREFIX = "[launch] "
 
 class LaunchError(RuntimeError):
     """The launcher cannot run the job (bad arguments, or the zygote died)."""
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the rendezvous binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def replica_env(
@@ -60,25 +56,23 @@ def replica_env(
     restarts: int = 0,
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment of one local replica."""
+    """The environment of one local replica: ``base`` (default: ours) plus its
+    :class:`~coadapt.protocol.ReplicaEnv`."""
     env = dict(os.environ if base is None else base)
-    env.update(
-        {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(replicas),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(replicas),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "COADAPT_JOB_ID": job_id,
-            "COADAPT_NUM_NODES": "1",
-            "COADAPT_RESTARTS": str(restarts),
-            "PYTHONUNBUFFERED": "1",
-        }
+    wire = ReplicaEnv(
+        rank=rank,
+        world_size=replicas,
+        local_rank=rank,
+        local_world_size=replicas,
+        master_port=port,
+        job_id=job_id,
+        num_nodes=1,
+        restarts=restarts,
+        checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir is not None else None,
     )
+    env.update(wire.to_env())
+    env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    if checkpoint_dir is not None:
-        env["COADAPT_CHECKPOINT_DIR"] = str(Path(checkpoint_dir).resolve())
     return env
 
 
@@ -300,7 +294,7 @@ class LocalJob:
         self.script, self.script_args = script, list(script_args)
         self.replicas, self.restarts = replicas, restarts
         self.checkpoint_dir = checkpoint_dir
-        self.job_id = job_id or os.environ.get("COADAPT_JOB_ID") or f"local-{uuid.uuid4().hex[:8]}"
+        self.job_id = job_id or os.environ.get(ENV_JOB_ID) or f"local-{uuid.uuid4().hex[:8]}"
         self.out: IO[str] = out if out is not None else sys.stdout
         self.elastic = elastic
         self.control_file = (

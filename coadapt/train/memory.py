@@ -5,7 +5,7 @@ A replica that runs out of memory (``torch.cuda.OutOfMemoryError``, a host ``Mem
 or the CPU allocator's "can't allocate memory") records the per-replica micro-batch ``m``
 that failed in ``<checkpoint dir>/memory.json`` (it must outlive the process) and on the
 metrics channel, then exits with :data:`OOM_EXIT_CODE`. The next attempt caps ``m`` at the
-smaller of that file's limit and ``COADAPT_MAX_LOCAL_BSZ`` (the controller's learned limit),
+smaller of that file's limit and ``ReplicaEnv.max_local_bsz`` (the controller's learned limit),
 so the total batch is kept with more accumulation steps instead.
 """
 
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from coadapt.protocol import OomRecord
 
 # Same value as coadapt.executors.base.OOM_EXIT_CODE (not imported: the library must not
 # pull in the executors); a test checks they agree.
@@ -101,7 +103,7 @@ def exit_for_oom(
     exc: BaseException,
     checkpoint_dir: Path | None,
     failed_local_bsz: int,
-    emit: Callable[..., None],
+    emit: Callable[[OomRecord], None],
     close: Callable[[], None],
 ) -> None:
     """Record the OOM, flush the metrics channel and leave with :data:`OOM_EXIT_CODE`.
@@ -110,7 +112,11 @@ def exit_for_oom(
     would enter a collective and hang on the other ranks; the controller stops those.
     """
     limit = record_oom(checkpoint_dir, failed_local_bsz)
-    emit("oom", local_bsz=int(failed_local_bsz), max_local_bsz=limit.max_local_bsz, error=str(exc))
+    emit(
+        OomRecord(
+            local_bsz=int(failed_local_bsz), max_local_bsz=limit.max_local_bsz, error=str(exc)
+        )
+    )
     with contextlib.suppress(Exception):
         close()
     print(

@@ -1,9 +1,10 @@
 """The job → controller metrics channel (profiles, φ, chosen batch, loss, progress).
 
 Training must never wait for, or die because of, the metrics endpoint: records are handed to
-one daemon thread, which POSTs JSON to ``COADAPT_METRICS_URL`` or appends JSON lines to a
-file. ``emit`` is O(1) on the training thread (a tuple into a buffer); building the record,
-JSON encoding and I/O all happen on the drain thread.
+one daemon thread, which POSTs JSON to the replica's metrics URL (over one kept-alive
+connection) or appends JSON lines to a file. ``emit`` is O(1) on the training thread (a typed
+:mod:`coadapt.protocol` record into a buffer); JSON encoding and I/O happen on the drain
+thread.
 
 Two kinds of record, because they fail differently under load:
 
@@ -30,16 +31,16 @@ import json
 import math
 import threading
 import time
-import urllib.request
 import weakref
 from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
-#: Record kinds where only the newest matters (the controller keeps the latest figures).
-STATE_KINDS = frozenset({"progress", "goodput", "checkpoint"})
+import httpx
 
-_Item = tuple[int, str, float, dict[str, Any]]  # (sequence, kind, time, fields)
+from coadapt.protocol import STATE_KINDS, MetricRecord
+
+_Item = tuple[int, str, float, MetricRecord]  # (sequence, kind, time, record)
 
 
 def _jsonable(value: Any) -> Any:
@@ -89,16 +90,18 @@ class MetricsSink:
         self._events: deque[_Item] = deque()
         self._latest: dict[str, _Item] = {}
         self._thread: threading.Thread | None = None
+        self._client: httpx.Client | None = None  # the drain thread's only
         if url is not None or self.path is not None:
             self._thread = threading.Thread(target=self._drain, name="coadapt-metrics", daemon=True)
             self._thread.start()
             atexit.register(_close_at_exit, weakref.ref(self))
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, record: MetricRecord) -> None:
         """Queue one record; never blocks and never raises."""
         if self._thread is None:
             return
-        item = (next(self._seq), kind, time.time(), fields)
+        kind = record.kind.value
+        item = (next(self._seq), kind, time.time(), record)
         with self._lock:
             if kind in STATE_KINDS:
                 self._latest[kind] = item  # supersedes the unsent one: nothing to wake for
@@ -110,21 +113,23 @@ class MetricsSink:
         self._wake.set()
 
     def _encode(self, item: _Item) -> str:
-        _, kind, when, fields = item
-        record = {**self.base, "kind": kind, "time": when, **fields}
-        return json.dumps(_jsonable(record), allow_nan=False)
+        _, kind, when, record = item
+        fields = record.to_json()
+        fields.pop("time", None)
+        out = {**self.base, "kind": kind, "time": when, **fields}
+        return json.dumps(_jsonable(out), allow_nan=False)
 
     def _post(self, data: str) -> None:
+        """POST one record over the drain thread's kept-alive connection (a new TCP and, on
+        https, TLS handshake per record capped the rate a busy controller could be fed)."""
         if self.url is None:
             return
-        req = urllib.request.Request(
-            self.url,
-            data=data.encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout_s)
+        resp = self._client.post(
+            self.url, content=data.encode(), headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            resp.read()
+        resp.raise_for_status()
 
     def _take(self, with_states: bool) -> list[_Item]:
         """Everything queued (and the latest states if due), in emission order."""
@@ -183,6 +188,9 @@ class MetricsSink:
         finally:
             if fh is not None:
                 fh.close()
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is pending (bounded by ``timeout_s``) and stop the thread."""

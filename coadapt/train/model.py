@@ -43,7 +43,14 @@ from coadapt.goodput import (
     LRRule,
     fit_perf_params,
     lr_factor,
-    should_adopt,
+)
+from coadapt.goodput.agent import Reason, choose_batch
+from coadapt.protocol import (
+    BatchRecord,
+    CheckpointRecord,
+    FirstStepRecord,
+    GoodputRecord,
+    ProgressRecord,
 )
 from coadapt.train.context import TrainConfigError
 from coadapt.train.data import AdaptiveDataLoader
@@ -63,7 +70,6 @@ _ADAPTIVE = (
 )
 _PRECONDITIONED = (torch.optim.Adam, torch.optim.AdamW)
 _WARMUP_STEPS = 3  # steps after a start or batch change that are not profiled
-_MIN_MEASUREMENTS = 8  # noise measurements before the batch size may change
 # Periodic checkpoints may cost at most this fraction of the time between them (issue 13.2),
 CHECKPOINT_BUDGET = 0.02
 # and come often enough that a crash loses at most this share of the training time so far
@@ -128,7 +134,7 @@ class AdaptiveModel:
             lr_rule if lr_rule is not None else default_lr_rule(optimizer)
         )
         lr_factor(self.lr_rule, 1, 1)  # validate the rule now, not at the first batch change
-        # The scheduler's policy may fix the batch (COADAPT_BATCH_MODE); then never retune.
+        # The scheduler's policy may fix the batch (ReplicaEnv.batch_mode); then never retune.
         self.adapt = adapt and self.ctx.env.batch_mode == "adaptive"
         self.retune_every = retune_every
         self.measure_every = measure_every
@@ -176,7 +182,9 @@ class AdaptiveModel:
             self._save_pending = False
             self.ctx.save()
             self._last_save = time.monotonic()
-            self.ctx.metrics.emit("checkpoint", step=self.steps, seconds=self.ctx.last_save_seconds)
+            self.ctx.metrics.emit(
+                CheckpointRecord(step=self.steps, seconds=self.ctx.last_save_seconds)
+            )
         try:
             if self.ddp is not None:
                 # DDP all-reduces only on the last micro-batch of an optimizer step.
@@ -397,7 +405,9 @@ class AdaptiveModel:
         if not self._stepped:  # restart latency: the controller times a rescale by this
             self._stepped = True
             self.ctx.metrics.emit(
-                "first_step", step=self.steps, replicas=self._replicas, batch_size=loader.batch_size
+                FirstStepRecord(
+                    step=self.steps, replicas=self._replicas, batch_size=loader.batch_size
+                )
             )
         if self.steps % self.report_every == 0:
             self.last_loss = float(loss.detach())  # a device sync: only every report_every
@@ -510,38 +520,34 @@ class AdaptiveModel:
         model = self.goodput_model()
         if model is None:
             return cur
-        nodes, k = self.ctx.env.num_nodes, self._replicas
-        if loader.pinned_batch_size is None and self.gns.count < _MIN_MEASUREMENTS:
-            return cur  # the first noise estimates are too noisy to bet the batch on
-        # Trust region: grow M at most 2x per re-tune. The model extrapolates poorly past
-        # what was profiled (the same reason Pollux caps a job at 2x its GPUs).
-        cap = max(2 * loader.batch_size, loader.init_batch_size)
         limits = BatchLimits(
             init_batch_size=loader.init_batch_size,
-            max_batch_size=max(min(loader.max_batch_size, cap), loader.init_batch_size),
+            max_batch_size=loader.max_batch_size,
             min_local_bsz=loader.min_local_bsz,
             max_local_bsz=loader.max_local_bsz,
             pinned_batch=loader.pinned_batch_size,
         )
-        choice = model.optimize(nodes, k, limits)
-        new_good = float(choice.goodput)
-        cur_good = float(model.goodput(nodes, k, cur[0], cur[1]))
-        new = (int(choice.local_bsz), int(choice.accum_steps))
-        self.ctx.metrics.emit(
-            "goodput",
-            step=self.steps,
-            pgns=self.pgns,
-            perf=model.perf.__dict__,
-            grad=model.grad.__dict__,
-            profile=self.profile.table(),
-            current=list(cur),
-            current_goodput=cur_good,
-            best=list(new),
-            best_goodput=new_good,
+        # The one agent rule the simulator runs too: noise gate, 2x trust region, threshold.
+        agent = choose_batch(
+            model, limits, cur, self.ctx.env.num_nodes, self._replicas, self.gns.count
         )
-        if new != cur and math.isfinite(new_good) and should_adopt(cur_good, new_good):
-            return new
-        return cur
+        if agent.reason is Reason.GATED or agent.best is None:
+            return cur  # the first noise estimates are too noisy to bet the batch on
+        new, new_good, cur_good = agent.best, agent.best_goodput, agent.current_goodput
+        self.ctx.metrics.emit(
+            GoodputRecord(
+                step=self.steps,
+                pgns=self.pgns,
+                perf=model.perf.__dict__,
+                grad=model.grad.__dict__,
+                profile=self.profile.table(),
+                current=list(cur),
+                current_goodput=cur_good,
+                best=list(new),
+                best_goodput=new_good,
+            )
+        )
+        return agent.config
 
     def retune(self) -> None:
         """Re-fit the goodput model and maybe adopt a new (m, s) (all ranks must call)."""
@@ -560,27 +566,29 @@ class AdaptiveModel:
             self._warmup = _WARMUP_STEPS
             self._piece_scale = None
             self.ctx.metrics.emit(
-                "batch",
-                step=self.steps,
-                local_bsz=choice[0],
-                accum_steps=choice[1],
-                batch_size=loader.batch_size,
+                BatchRecord(
+                    step=self.steps,
+                    local_bsz=choice[0],
+                    accum_steps=choice[1],
+                    batch_size=loader.batch_size,
+                )
             )
         self._update_lr_scale()
 
     def _emit_progress(self) -> None:
         self.ctx.metrics.emit(
-            "progress",
-            step=self.steps,
-            epoch=self.loader.epoch,
-            position=self.loader.position,
-            batch_size=self.loader.batch_size,
-            local_bsz=self.loader.local_bsz,
-            accum_steps=self.loader.accum_steps,
-            replicas=self._replicas,
-            lr_scale=self.lr_scale,
-            pgns=self.pgns,
-            loss=self.last_loss,
+            ProgressRecord(
+                step=self.steps,
+                epoch=self.loader.epoch,
+                position=self.loader.position,
+                batch_size=self.loader.batch_size,
+                local_bsz=self.loader.local_bsz,
+                accum_steps=self.loader.accum_steps,
+                replicas=self._replicas,
+                lr_scale=self.lr_scale,
+                pgns=self.pgns,
+                loss=self.last_loss,
+            )
         )
 
     # -- checkpoint -----------------------------------------------------------------------

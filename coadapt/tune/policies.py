@@ -85,6 +85,8 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
+from coadapt.tune.direction import at_least_as_good, maximizing
+
 Curve = Sequence[tuple[float, float]]
 
 
@@ -126,7 +128,7 @@ class ExperimentView:
         return (
             self.target is not None
             and self.best is not None
-            and _better_eq(self.best, self.target, self.direction)
+            and at_least_as_good(self.direction, self.best, self.target)
         )
 
 
@@ -156,10 +158,6 @@ class Grant:
 
 
 Policy = Callable[[Sequence[ExperimentView], ClusterView], dict[str, Grant]]
-
-
-def _better_eq(a: float, b: float, direction: str) -> bool:
-    return a >= b if direction == "maximize" else a <= b
 
 
 def _want(e: ExperimentView) -> int:
@@ -222,7 +220,7 @@ def algorithm1_update(
     for n in range(st["seen"] + 1, len(results) + 1):
         if n <= k * m:
             continue
-        ranked = sorted(results[:n], reverse=direction == "maximize")[:m]
+        ranked = sorted(results[:n], reverse=maximizing(direction))[:m]
         g = min(abs(a - b) for a, b in itertools.pairwise(ranked))
         prev = st["gaps"][-5:]
         g_mean = sum(prev) / len(prev) if prev else None
@@ -339,7 +337,7 @@ class _Frame:
 
 def _frame(e: ExperimentView) -> _Frame | None:
     """Best, target and KDE bandwidth of ``e`` (None: no result or reported value yet)."""
-    sign = 1.0 if e.direction == "maximize" else -1.0
+    sign = 1.0 if maximizing(e.direction) else -1.0
     samples = [sign * v for v in (*e.results, *e.pruned) if math.isfinite(v)]
     if not samples and e.best is None:
         return None

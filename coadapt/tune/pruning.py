@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coadapt.tune.curves import Curve, extrapolate
+from coadapt.tune.direction import best_of, better, maximizing, parse_direction
 from coadapt.tune.spec import EarlyStopping
 
 __all__ = ["Curve", "PruneDecision", "asha_rungs", "decide"]
@@ -54,14 +55,6 @@ def _points(curve: Curve) -> list[tuple[float, float]]:
     return pts
 
 
-def _better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "maximize" else a < b
-
-
-def _best(values: Sequence[float], direction: str) -> float:
-    return max(values) if direction == "maximize" else min(values)
-
-
 def _value_at(pts: Sequence[tuple[float, float]], step: float) -> float | None:
     """The value at ``step`` (the last point at or before it), if the curve has reached it."""
     if not pts or pts[-1][0] < step:
@@ -72,7 +65,7 @@ def _value_at(pts: Sequence[tuple[float, float]], step: float) -> float | None:
 
 def _best_upto(pts: Sequence[tuple[float, float]], step: float, direction: str) -> float | None:
     vals = [v for s, v in pts if s <= step]
-    return _best(vals, direction) if vals else None
+    return best_of(direction, vals) if vals else None
 
 
 def asha_rungs(rule: EarlyStopping, max_steps: int | None, up_to: float) -> list[float]:
@@ -94,8 +87,7 @@ def decide(
     best: float | None,
 ) -> PruneDecision:
     """Whether the trial with ``curve`` should stop now under ``rule`` (see the module)."""
-    if direction not in ("maximize", "minimize"):
-        raise ValueError(f"direction must be maximize or minimize, not {direction!r}")
+    parse_direction(direction)  # a clear error for a misspelt direction
     if rule.rule == "none":
         return PruneDecision(False, "early stopping is off")
     pts = _points(curve)
@@ -132,10 +124,10 @@ def _asha(
         return PruneDecision(
             False, f"{len(others)} peer(s) at rung {rung:g}, need {rule.min_peers}"
         )
-    values = sorted([*others, mine], reverse=direction == "maximize")
+    values = sorted([*others, mine], reverse=maximizing(direction))
     keep = max(1, len(values) // rule.reduction_factor)
     cutoff = values[keep - 1]
-    if _better(cutoff, mine, direction):
+    if better(direction, cutoff, mine):
         return PruneDecision(
             True,
             f"asha: {mine:.6g} at rung {rung:g} is not in the top "
@@ -167,7 +159,7 @@ def _median(
             False, f"{len(others)} peer(s) reached step {step:g}, need {rule.min_peers}"
         )
     median = statistics.median(others)
-    if _better(median, mine, direction):
+    if better(direction, median, mine):
         return PruneDecision(
             True,
             f"median: best {mine:.6g} by step {step:g} is worse than "
@@ -197,14 +189,14 @@ def _curve(
         return PruneDecision(False, "no finished trial to compare with")
     if len(pts) < rule.min_points:
         return PruneDecision(False, f"{len(pts)} point(s), need {rule.min_points}")
-    if not _better(best, pts[-1][1], direction):
+    if not better(direction, best, pts[-1][1]):
         return PruneDecision(False, f"already at {pts[-1][1]:.6g}, as good as the best {best:.6g}")
     pred = extrapolate(pts, max_steps)
-    optimistic = pred.high if direction == "maximize" else pred.low
+    optimistic = pred.high if maximizing(direction) else pred.low
     verdict = (
         f"predicted {pred.mean:.6g} [{pred.low:.6g}, {pred.high:.6g}] at step "
         f"{max_steps} vs best {best:.6g}"
     )
-    if _better(best, optimistic, direction):
+    if better(direction, best, optimistic):
         return PruneDecision(True, f"curve: {verdict}: cannot beat it")
     return PruneDecision(False, f"curve: {verdict}: may beat it")

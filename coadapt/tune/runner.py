@@ -7,7 +7,7 @@ controller killed at any point resumes with no trial lost or duplicated:
 
 * **ask → record → submit.** A trial is asked from Optuna (committed as RUNNING there),
   recorded as a PENDING row with its Optuna number, then its job is created with the marker
-  ``COADAPT_TUNE_TRIAL=<experiment>/<number>/<attempt>`` in its environment, then the row
+  ``ENV_TUNE_TRIAL=<experiment>/<number>/<attempt>`` in its environment, then the row
   gets the job id. A crash after the ask adopts Optuna RUNNING trials that have no row; a crash
   after the record submits the PENDING row; a crash after the job creation finds the job by
   its marker and adopts it instead of submitting a second one (also for retries).
@@ -42,28 +42,23 @@ from coadapt.controller.errors import (
     SpecError,
 )
 from coadapt.controller.spec import parse_spec
-from coadapt.controller.states import JobState
+from coadapt.controller.states import ACTIVE, JobState
 from coadapt.controller.store import Job, Store
+from coadapt.protocol import ENV_TUNE_TRIAL, CancelCause, EventKind
+from coadapt.tune.direction import at_least_as_good, better
 from coadapt.tune.policies import ClusterView, ExperimentView, Grant, RunningTrial, get_policy
 from coadapt.tune.store import Experiment, ExperimentState, Trial, TrialState, TuneStore
 
 log = logging.getLogger("coadapt.tune")
 
 Clock = Callable[[], float]
-MARKER_ENV = "COADAPT_TUNE_TRIAL"
-ACTIVE_JOB = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
+MARKER_ENV = ENV_TUNE_TRIAL
+ACTIVE_JOB = ACTIVE
 ACTIVE_TRIAL = (TrialState.PENDING, TrialState.RUNNING)
-#: Reasons the loop writes on the jobs it cancels (read back after a crash).
+#: Reason texts the loop writes on the jobs it cancels (for people; the loop reads back the
+#: job's ``cancel_cause`` after a crash, never these).
 WHY_PRUNED, WHY_DEAD, WHY_ENDED = "tune: pruned", "tune: dead", "tune: experiment ended"
 WHY_PREEMPTED = "tune: preempted"  # the policy gave the slot to another trial
-
-
-def _better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "maximize" else a < b
-
-
-def _meets(value: float, target: float, direction: str) -> bool:
-    return value >= target if direction == "maximize" else value <= target
 
 
 @dataclass
@@ -161,7 +156,7 @@ class TuneRunner:
             study.tell(number, state=OS.FAIL)
 
     # -- jobs -----------------------------------------------------------------------------
-    def _cancel_job(self, job_id: str | None, now: float, reason: str) -> None:
+    def _cancel_job(self, job_id: str | None, now: float, cause: CancelCause, reason: str) -> None:
         if job_id is None:
             return
         try:
@@ -171,8 +166,9 @@ class TuneRunner:
                 state=JobState.CANCELLED,
                 expect=ACTIVE_JOB,
                 reason=reason,
+                cancel_cause=cause,
                 desired_replicas=0,
-                event=("cancelled", reason),
+                event=(EventKind.CANCELLED, reason),
             )
         except (InvalidTransitionError, NotFoundError):
             return
@@ -242,7 +238,7 @@ class TuneRunner:
         if t.attempts <= spec.max_retries and not live.exp.state.is_terminal:
             self.store.add_event(
                 t.job_id,
-                "tune-retry",
+                EventKind.TUNE_RETRY,
                 f"trial {live.exp.name}#{t.number} attempt {t.attempts} failed ({why}); "
                 f"retry {t.attempts}/{spec.max_retries}",
                 now,
@@ -293,7 +289,12 @@ class TuneRunner:
         if job.state is JobState.RUNNING:
             since = max(t.last_progress_at or 0.0, job.started_at or 0.0, t.started_at or 0.0)
             if now - since > spec.dead_after_s:
-                self._cancel_job(job.id, now, f"{WHY_DEAD}: no report for {now - since:.0f}s")
+                self._cancel_job(
+                    job.id,
+                    now,
+                    CancelCause.TUNE_DEAD,
+                    f"{WHY_DEAD}: no report for {now - since:.0f}s",
+                )
                 return self._fail_attempt(
                     live,
                     t,
@@ -304,7 +305,9 @@ class TuneRunner:
             if curve and spec.early_stopping.rule != "none":
                 decision = self._decide(live, t, curve)
                 if decision is not None:
-                    self._cancel_job(job.id, now, f"{WHY_PRUNED}: {decision}")
+                    self._cancel_job(
+                        job.id, now, CancelCause.TUNE_PRUNED, f"{WHY_PRUNED}: {decision}"
+                    )
                     return self._settle_cancelled(live, t, self.store.get_job(job.id), now, last)
         return t
 
@@ -319,7 +322,7 @@ class TuneRunner:
         ]
         best = None
         for v in done:
-            if best is None or _better(v, best, spec.objective.direction):
+            if best is None or better(spec.objective.direction, v, best):
                 best = v
         d = decide(spec.early_stopping, spec.objective.direction, spec.max_steps, pts, peers, best)
         return d.reason or "stopped early" if d.stop else None
@@ -331,9 +334,14 @@ class TuneRunner:
         reason = job.reason or ""
         cost = t.gpu_seconds + self._attempt_cost(job)
         exp, spec = live.exp, live.spec
-        if reason.startswith((WHY_PRUNED, WHY_PREEMPTED)):
+        cause = job.cancel_cause
+        if cause in (CancelCause.TUNE_PRUNED, CancelCause.TUNE_PREEMPTED):
             self._tell(exp, spec, t.number, "PRUNED", None, t.curve)
-            kind = "tune-pruned" if reason.startswith(WHY_PRUNED) else "tune-preempted"
+            kind = (
+                EventKind.TUNE_PRUNED
+                if cause is CancelCause.TUNE_PRUNED
+                else EventKind.TUNE_PREEMPTED
+            )
             self.store.add_event(job.id, kind, reason, now)
             return self.tune.update_trial(
                 t.id,
@@ -343,10 +351,10 @@ class TuneRunner:
                 gpu_seconds=cost,
                 reason=reason,
             )
-        if reason.startswith(WHY_DEAD):
+        if cause is CancelCause.TUNE_DEAD:
             return self._fail_attempt(live, t, job, now, reason)
         if (
-            reason.startswith(WHY_ENDED)
+            cause is CancelCause.TUNE_ENDED
             and live.exp.target_reached_at is not None
             and live.best_trial == t.number
             and last is not None
@@ -424,7 +432,7 @@ class TuneRunner:
         history = [list(h) for h in live.exp.best_history]
         changed = False
         for when, value, number in points:
-            if best is None or _better(value, best, direction):
+            if best is None or better(direction, value, best):
                 best, best_trial = value, number
                 history.append([when, value])
                 changed = True
@@ -440,7 +448,7 @@ class TuneRunner:
         if (
             spec.target is not None
             and live.best is not None
-            and _meets(live.best, spec.target, direction)
+            and at_least_as_good(direction, live.best, spec.target)
         ):
             self._end(
                 live,
@@ -505,7 +513,12 @@ class TuneRunner:
         live = _Live(exp, spec, self.tune.trials(exp.id), exp.best_value, exp.best_trial)
         for t in active:
             if t.job_id is not None:
-                self._cancel_job(t.job_id, now, f"{WHY_ENDED}: {exp.reason or exp.state.value}")
+                self._cancel_job(
+                    t.job_id,
+                    now,
+                    CancelCause.TUNE_ENDED,
+                    f"{WHY_ENDED}: {exp.reason or exp.state.value}",
+                )
                 try:
                     job = self.store.get_job(t.job_id)
                 except NotFoundError:
@@ -652,7 +665,7 @@ class TuneRunner:
                 if t.number != stop.trial or t.state is not TrialState.RUNNING or not t.job_id:
                     continue
                 reason = f"{WHY_PREEMPTED} for {stop.to}" + (f": {stop.why}" if stop.why else "")
-                self._cancel_job(t.job_id, now, reason)
+                self._cancel_job(t.job_id, now, CancelCause.TUNE_PREEMPTED, reason)
                 job = self.store.get_job(t.job_id)
                 if job.state is JobState.CANCELLED:
                     last = t.curve[-1][1] if t.curve else None

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coadapt.tune.direction import at_least_as_good, best_of, better, maximizing
 from coadapt.tune.policies import ClusterView, ExperimentView, Grant, RunningTrial, get_policy
 
 
@@ -76,12 +77,9 @@ class BankTask:
 
     def best_values(self, metric: str, direction: str) -> list[float]:
         """Each configuration's best reported ``metric`` by ``direction``, worst first."""
-        if direction not in ("maximize", "minimize"):
-            raise ValueError(f"direction must be maximize or minimize, not {direction!r}")
-        pick = max if direction == "maximize" else min
         return sorted(
-            (pick(c.values(metric)) for c in self.configs.values()),
-            reverse=direction == "minimize",
+            (best_of(direction, c.values(metric)) for c in self.configs.values()),
+            reverse=not maximizing(direction),
         )
 
 
@@ -131,6 +129,8 @@ class _Trial:
     state: str = "RUNNING"
     ended: float | None = None
     preempted: bool = False
+    #: The :class:`optuna.trial.Trial` from ``ask``: its curve is reported through it.
+    handle: Any = field(default=None, repr=False, compare=False)
 
     def cost(self, now: float) -> float:
         return (self.ended if self.ended is not None else now) - self.started
@@ -235,25 +235,15 @@ def simulate(
 
     def end_trial(e: _Exp, tr: _Trial, state: str) -> None:
         tr.state, tr.ended = state, now
+        if state in ("COMPLETE", "PRUNED"):
+            for step, v in tr.curve:  # Optuna's public path: Trial.report, then tell
+                tr.handle.report(v, int(step))
         if state == "COMPLETE":
-            for step, v in tr.curve:
-                e.study._storage.set_trial_intermediate_value(
-                    e.study._storage.get_trial_id_from_study_id_trial_number(
-                        e.study._study_id, tr.number
-                    ),
-                    int(step),
-                    v,
-                )
-            e.study.tell(tr.number, tr.curve[-1][1])
+            e.study.tell(tr.handle, tr.curve[-1][1], skip_if_finished=True)
         elif state == "PRUNED":
-            tid = e.study._storage.get_trial_id_from_study_id_trial_number(
-                e.study._study_id, tr.number
-            )
-            for step, v in tr.curve:
-                e.study._storage.set_trial_intermediate_value(tid, int(step), v)
-            e.study.tell(tr.number, state=OS.PRUNED)
+            e.study.tell(tr.handle, state=OS.PRUNED, skip_if_finished=True)
         else:
-            e.study.tell(tr.number, state=OS.FAIL)
+            e.study.tell(tr.handle, state=OS.FAIL, skip_if_finished=True)
         if not e.active:
             e.idle_since = now
 
@@ -278,9 +268,9 @@ def simulate(
             curve = tr.config.values(e.tenant.metric)
             value = curve[step - 1]
             tr.curve.append((float(step), value))
-            if math.isfinite(value) and (e.best is None or _better(value, e.best, direction)):
+            if math.isfinite(value) and (e.best is None or better(direction, value, e.best)):
                 e.best = value
-            if e.done_at is None and _reaches(value, e.tenant.target, direction):
+            if e.done_at is None and at_least_as_good(direction, value, e.tenant.target):
                 e.done_at = now
                 end_trial(e, tr, "COMPLETE")
                 for other in e.active:
@@ -295,7 +285,7 @@ def simulate(
                 for o in e.trials
                 if o.state == "COMPLETE" and o.curve and math.isfinite(o.curve[-1][1])
             ]
-            pick = max if direction == "maximize" else min
+            pick = max if maximizing(direction) else min
             d = decide(
                 e.spec.early_stopping,
                 direction,
@@ -339,7 +329,7 @@ def simulate(
                 except GridExhausted:
                     break
                 config = e.tenant.task.configs[e.tenant.task.key(params)]
-                tr = _Trial(trial.number, e.index, config, now)
+                tr = _Trial(trial.number, e.index, config, now, handle=trial)
                 e.trials.append(tr)
                 e.idle_since = None
                 push(
@@ -369,15 +359,6 @@ def simulate(
         busy_fraction=min(busy / (slots * span), 1.0),
         preempted={e.tenant.name: sum(t.preempted for t in e.trials) for e in exps},
     )
-
-
-def _better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "maximize" else a < b
-
-
-def _reaches(value: float, target: float, direction: str) -> bool:
-    """Whether a reported ``value`` reaches ``target`` (at least as good; NaN never does)."""
-    return value >= target if direction == "maximize" else value <= target
 
 
 def _view(e: _Exp, now: float) -> ExperimentView:

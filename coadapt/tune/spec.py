@@ -34,10 +34,11 @@ from pydantic_core import ErrorDetails
 from coadapt.controller.errors import SpecError
 from coadapt.controller.spec import MAX_ARG_CHARS, JobSpec, exec_safe, parse_spec
 from coadapt.controller.specfile import read_spec_mapping
+from coadapt.protocol import ENV_TRIAL, param_env_name
 
 #: An experiment name leaves room for the trial suffix ``-t<number>`` within a job name's 63.
 _EXP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
-#: Parameter names become ``--<name>`` flags and ``COADAPT_PARAM_<NAME>`` variables.
+#: Parameter names become ``--<name>`` flags and environment variables (``param_env_name``).
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 #: The largest grid the ``grid`` sampler enumerates (each point is one trial).
 MAX_GRID_POINTS = 100_000
@@ -576,11 +577,6 @@ def _template_errors(exp: ExperimentSpec) -> list[dict[str, Any]]:
     return []
 
 
-def param_env_name(name: str) -> str:
-    """``COADAPT_PARAM_<NAME>``: upper case, every other character than A-Z/0-9 as ``_``."""
-    return "COADAPT_PARAM_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
-
-
 def format_value(value: Any) -> str:
     """How a parameter value is written on a command line or in the environment."""
     if isinstance(value, bool):
@@ -597,7 +593,8 @@ def trial_job_spec(
 
     The template is copied; its name becomes ``<experiment>-t<number>``; with ``params_as``
     ``args``/``both`` each parameter appends ``--<name> <value>`` to ``args`` (in space order),
-    with ``env``/``both`` it sets ``COADAPT_PARAM_<NAME>``; ``COADAPT_TRIAL`` is always set.
+    with ``env``/``both`` it sets :func:`~coadapt.protocol.param_env_name`; ``ENV_TRIAL`` (the
+    trial number) is always set.
     """
     job = copy.deepcopy(dict(exp.trial))
     job["name"] = f"{exp.name}-t{trial_number}"
@@ -616,7 +613,7 @@ def trial_job_spec(
         if exp.params_as in ("env", "both"):
             for n, v in ordered:
                 env[param_env_name(n)] = format_value(v)
-        env["COADAPT_TRIAL"] = str(trial_number)
+        env[ENV_TRIAL] = str(trial_number)
     job["env"] = env
     return job
 

@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
+from coadapt.protocol import GoodputRecord, MetricReport, ProgressRecord
 from coadapt.train import MetricsSink
 
 
 def test_file_sink_keeps_the_last_state_and_every_event_in_order(tmp_path: Path) -> None:
     sink = MetricsSink(path=tmp_path / "m.jsonl", state_interval=0.05)
     for step in range(1, 20_001):
-        sink.emit("progress", step=step, epoch=step // 100)
+        sink.emit(ProgressRecord(step=step, epoch=step // 100))
         if step % 5000 == 0:
-            sink.emit("metric", name="acc", value=step / 20_000, step=step)
+            sink.emit(MetricReport(name="acc", value=step / 20_000, step=step))
     sink.close()
     rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     progress = [r["step"] for r in rows if r["kind"] == "progress"]
@@ -66,8 +67,8 @@ def test_a_slow_controller_still_gets_the_final_step(
     step = 0
     while time.monotonic() < deadline:  # far faster than the endpoint drains
         step += 1
-        sink.emit("progress", step=step)
-        sink.emit("goodput", step=step, profile=[{"m": step}])
+        sink.emit(ProgressRecord(step=step))
+        sink.emit(GoodputRecord(step=step, profile=[{"m": step}]))
     sink.close(timeout_s=5)
     last = [r["step"] for r in received if r["kind"] == "progress"][-1]
     assert step > 1000 and last == step

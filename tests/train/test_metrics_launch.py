@@ -8,24 +8,25 @@ from pathlib import Path
 
 import pytest
 
+from coadapt.protocol import GoodputRecord, MetricReport
 from coadapt.train import MetricsSink, TrainConfigError, TrainEnv
 from coadapt.train.launch import LaunchError, launch, replica_env
 
 
 def test_file_sink_writes_json_lines(tmp_path: Path) -> None:
     sink = MetricsSink(path=tmp_path / "m.jsonl", base={"job_id": "j"})
-    sink.emit("metric", name="acc", value=float("nan"), step=3)
-    sink.emit("progress", step=4, profile=[{"m": 1}])
+    sink.emit(MetricReport(name="acc", value=float("nan"), step=3))
+    sink.emit(GoodputRecord(step=4, profile=[{"m": 1}]))
     sink.close()
     lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [r["kind"] for r in lines] == ["metric", "progress"]
+    assert [r["kind"] for r in lines] == ["metric", "goodput"]
     assert lines[0]["value"] is None and lines[0]["job_id"] == "j"
 
 
 def test_unreachable_url_is_counted_not_raised() -> None:
     sink = MetricsSink(url="http://127.0.0.1:9/nothing", timeout_s=0.2, maxsize=2)
     for i in range(50):
-        sink.emit("metric", value=i)  # never blocks: overflow is dropped and counted
+        sink.emit(MetricReport(value=i))  # never blocks: overflow is dropped and counted
     sink.close(timeout_s=5)
     assert sink.dropped > 0 and sink.failed >= 1
 

@@ -12,6 +12,7 @@ from optuna.trial import TrialState as OS
 
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Job, Store, Tenant
+from coadapt.protocol import CancelCause
 from coadapt.tune.runner import MARKER_ENV, TuneRunner
 from coadapt.tune.spec import parse_experiment
 from coadapt.tune.store import Experiment, ExperimentState, TrialState, TuneStore
@@ -296,8 +297,11 @@ def test_a_preemption_interrupted_by_a_crash_is_settled_as_pruned(env: Env) -> N
     (t,) = env.tune.trials(exp.id)
     env.start(t.job_id)
     env.report(t.job_id, 0.4, 0.41)
-    # cancelled with the reason, then the controller died before the trial row changed
-    env.runner._cancel_job(t.job_id, env.clock(), "tune: preempted for exp-other")
+    # cancelled with its cause, then the controller died before the trial row changed
+    env.runner._cancel_job(
+        t.job_id, env.clock(), CancelCause.TUNE_PREEMPTED, "tune: preempted for exp-other"
+    )
+    assert env.store.get_job(t.job_id).cancel_cause is CancelCause.TUNE_PREEMPTED
     env.new_runner().step()
     settled = env.tune.trial(exp.id, 0)
     assert settled is not None and settled.state is TrialState.PRUNED and settled.value == 0.41

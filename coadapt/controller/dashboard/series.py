@@ -1,8 +1,8 @@
 """Time series of a job's system figures (batch size, LR scale, φ, goodput, step), for plots.
 
-A job's ``progress`` and ``goodput`` records only replace the latest values in
-``jobs.report``; the dashboard needs their history. Each such record is also written as rows
-of the ``metrics`` table under reserved names (``coadapt/batch_size``, ...), in one
+A job's ``progress`` and ``goodput`` records (:mod:`coadapt.protocol`) only replace the
+latest values in ``jobs.report``; the dashboard needs their history. Each such record is also
+written as rows of the ``metrics`` table under reserved names (``coadapt/batch_size``, ...), in one
 transaction per record. User metrics (``kind="metric"``) keep their own names; the public
 ``GET /api/v1/jobs/{id}/metrics`` hides the reserved ones, so its contract is unchanged.
 """
@@ -18,12 +18,13 @@ from sqlalchemy.orm import Session
 from coadapt.controller.errors import StorageError
 from coadapt.controller.models import MetricRow
 from coadapt.controller.store import Store
+from coadapt.protocol import GoodputRecord, MetricRecord, ProgressRecord
 
 PREFIX = "coadapt/"
 
-#: record kind -> (record field -> series name)
-FIELDS: dict[str, dict[str, str]] = {
-    "progress": {
+#: record type -> (record field -> series name)
+FIELDS: dict[type[MetricRecord], dict[str, str]] = {
+    ProgressRecord: {
         "step": "step",
         "epoch": "epoch",
         "batch_size": "batch_size",
@@ -34,7 +35,7 @@ FIELDS: dict[str, dict[str, str]] = {
         "pgns": "pgns",
         "loss": "loss",
     },
-    "goodput": {"current_goodput": "goodput", "best_goodput": "best_goodput", "pgns": "pgns"},
+    GoodputRecord: {"current_goodput": "goodput", "best_goodput": "best_goodput", "pgns": "pgns"},
 }
 
 
@@ -49,16 +50,15 @@ def _value(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def record_series(store: Store, job_id: str, record: dict[str, Any], now: float) -> None:
+def record_series(store: Store, job_id: str, record: MetricRecord, now: float) -> None:
     """Append the plottable figures of one ingested record (no-op for other kinds)."""
-    fields = FIELDS.get(str(record.get("kind")))
+    fields = FIELDS.get(type(record))
     if not fields:
         return
-    step = record.get("step")
-    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    step = getattr(record, "step", None)
     rows = []
     for key, name in fields.items():
-        value = _value(record.get(key))
+        value = _value(getattr(record, key))
         if value is not None:
             rows.append(
                 MetricRow(job_id=job_id, time=now, name=PREFIX + name, value=value, step=step)
