@@ -1,7 +1,9 @@
 # Every target creates/reuses .venv. torch is pinned to the CPU wheel here (the package itself
 # only asks for torch>=2.3) so a fresh machine never pulls a multi-GB CUDA build.
-# Two stamps on the one .venv: `make demo` installs only what the demo runs (torch + the
-# package, no extras); `make test`/`lint`/`typecheck`/`install` add the dev and ray extras.
+# Two stamps on the one .venv: `make demo` installs only what the demo runs (the package with
+# its `train` extra: torch, scikit-learn, matplotlib); `make test`/`lint`/`typecheck`/`install`
+# install everything (`all` = train + ray + stream, and `dev`). A controller-only install is
+# `pip install coadapt` (no torch): see README.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,11 +20,11 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)" $(if $(TORCH_INDEX),--extra-index-url "$(TORCH_INDEX)")
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ".[train]"
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,ray]"
+	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -54,8 +54,8 @@ def serve(state_dir: Path, port: int) -> None:
     """The child: ``build`` the controller with the fake executor and serve it (loopback)."""
     import uvicorn
 
-    from coadapt.controller.server import ServerOptions, build
     from coadapt.executors import FakeExecutor
+    from coadapt.service import ServerOptions, build
 
     # The fake executor runs nothing, so there is nothing to isolate: multi-tenant is safe.
     options = ServerOptions(state_dir=state_dir, port=port, interval=5.0, isolation="none")

@@ -5,8 +5,10 @@
 * :mod:`~.store` — the storage contract on SQLAlchemy (SQLite or PostgreSQL, Alembic
   migrations in :mod:`~.migrations`);
 * :mod:`~.reconciler` — the level-triggered loop that runs the policy and the executor;
-* :mod:`~.api` / :mod:`~.server` — FastAPI app and ``coadapt server``; :mod:`~.cli` — the
-  client sub-commands; :mod:`~.demo` — the live demo.
+* :mod:`~.api` — the controller's routes; :mod:`~.dashboard` — the web dashboard;
+  :mod:`~.server` — the process's options, admin token and isolation; :mod:`~.demo` — the
+  live demo. :mod:`coadapt.service` assembles them into ``coadapt server``, and
+  :mod:`coadapt.cli` is the command line (both sit above this package).
 
 This package's import is kept light (no pydantic, FastAPI or NumPy) because every CLI call
 pays for it; import the heavier modules directly.

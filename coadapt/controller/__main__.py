@@ -1,27 +1,12 @@
-"""``python -m coadapt.controller COMMAND ...``: the controller's CLI without ``coadapt.cli``."""
+"""``python -m coadapt.controller COMMAND ...``: the ``coadapt`` command (an entry point).
+
+Tests and benchmarks start controllers this way; it is the same CLI as ``coadapt`` (one CLI
+package, :mod:`coadapt.cli`). Entry points import from the top; nothing imports them.
+"""
 
 from __future__ import annotations
 
-import argparse
-import sys
-
-from coadapt.controller.cli import add_parsers
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="coadapt")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_parsers(sub)
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help(sys.stderr)
-        return 2
-    try:
-        return int(func(args))
-    except KeyboardInterrupt:
-        return 130
-
+from coadapt.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -6,7 +6,7 @@ of and cancels only its own jobs (a stranger's job is a 404, like a missing one)
 
 Metrics ingestion (``POST /api/v1/jobs/{id}/metrics?token=JOBTOKEN``) is authenticated with a
 per-job token the controller derives (HMAC of the job id with a secret kept in the database)
-and hands each replica in ``COADAPT_METRICS_URL``; the training library posts to that URL as is.
+and hands each replica in ``ReplicaEnv.metrics_url``; the training library posts to that URL as is.
 A metric is stored with the record's own ``time`` (when the trial reported it) if that lies
 within :data:`MAX_RECORD_AGE_S` before its arrival, else with the arrival time.
 
@@ -53,13 +53,25 @@ from coadapt.controller.http_input import (
     tokens_equal,
     too_large,
 )
-from coadapt.controller.openapi import error_responses, install_docs, install_openapi
+from coadapt.controller.openapi import error_responses
 from coadapt.controller.openapi import json_body as body_schema
 from coadapt.controller.prom import metrics_registry
 from coadapt.controller.snapshot import speedup
 from coadapt.controller.spec import JobSpec, parse_spec
 from coadapt.controller.states import JobState, check_transition
 from coadapt.controller.store import Job, Store, Tenant
+from coadapt.protocol import (
+    BatchRecord,
+    CancelCause,
+    EventKind,
+    GoodputRecord,
+    MetricRecord,
+    MetricReport,
+    ProgressRecord,
+    RecordError,
+    StoppedRecord,
+    parse_record,
+)
 
 MAX_METRICS_BYTES = MAX_BODY_BYTES
 MAX_LOG_CHUNK = 1 << 20
@@ -182,7 +194,28 @@ def memory_limit_view(job: Job) -> dict[str, Any] | None:
     }
 
 
+def authenticator(store: Store) -> Callable[..., Tenant]:
+    """The FastAPI dependency that turns the bearer token into its :class:`Tenant`.
+
+    The controller's routes and the routers mounted beside them (dashboard, tuning; see
+    :mod:`coadapt.service`) each call this, so every route authenticates the same way."""
+    # auto_error=False: a missing token is our JSON 401, not FastAPI's; the scheme still
+    # appears in the OpenAPI schema (securitySchemes.HTTPBearer) on every route using it.
+    bearer = HTTPBearer(auto_error=False, description="a tenant's API token, or the admin token")
+
+    def tenant(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Tenant:
+        return store.authenticate(creds.credentials.strip() if creds else None)
+
+    return tenant
+
+
 def create_app(ctx: ApiContext) -> FastAPI:
+    """The controller's own routes (jobs, tenants, cluster, metrics ingestion, Prometheus).
+
+    The whole service (dashboard, tuning, OpenAPI docs) is assembled on top of this by
+    :func:`coadapt.service.create_app`; this module imports nothing above the controller."""
     app = FastAPI(
         title="coadapt controller",
         version=__version__,
@@ -216,21 +249,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         err = SpecError("invalid request: " + ", ".join(d["field"] for d in details), details)
         return JSONResponse(err.to_json(), status_code=err.status)
 
-    # auto_error=False: a missing token is our JSON 401, not FastAPI's; the scheme still
-    # appears in the OpenAPI schema (securitySchemes.HTTPBearer) on every route using it.
-    bearer = HTTPBearer(auto_error=False, description="a tenant's API token, or the admin token")
-
-    def tenant(
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> Tenant:
-        return store.authenticate(creds.credentials.strip() if creds else None)
-
+    tenant = authenticator(store)
     Auth = Annotated[Tenant, Depends(tenant)]
-
-    from coadapt.tune.api import tune_router
-    from coadapt.tune.store import TuneStore
-
-    app.include_router(tune_router(TuneStore(store), ctx.clock, tenant, ctx.on_change))
 
     def names() -> dict[str, str]:
         return {t.id: t.name for t in store.tenants()}
@@ -295,7 +315,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             expect=(JobState.PENDING, JobState.RUNNING, JobState.RESCALING),
             reason=f"cancelled by {me.name}",
             desired_replicas=0,
-            event=("cancelled", f"cancelled by {me.name}"),
+            cancel_cause=CancelCause.USER,
+            event=(EventKind.CANCELLED, f"cancelled by {me.name}"),
         )
         ctx.on_change()
         return job_view(job, names())
@@ -437,13 +458,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise ForbiddenError("only the admin token can scrape /metrics")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    from coadapt.controller.dashboard.routes import mount_dashboard  # imports this module
-
-    mount_dashboard(app, ctx, tenant)
-    from coadapt.tune.spec import ExperimentSpec
-
-    install_docs(app)
-    install_openapi(app, [JobSpec, ExperimentSpec, TenantIn])
     return app
 
 
@@ -469,63 +483,81 @@ def _finite_or_none(text: str) -> float | None:
 MAX_RECORD_AGE_S = 300.0
 
 
-def record_time(record: dict[str, Any], now: float) -> float:
+def record_time(record: MetricRecord, now: float) -> float:
     """When the record was made: its own ``time`` (the sender's clock, taken when the value
     was reported) if it is within ``MAX_RECORD_AGE_S`` before ``now``, else ``now``. A metric
     then carries when it was measured, not when a busy controller got to it, which is what
     times to target and curves are read from."""
-    t = _num(record.get("time"))
+    t = record.time
     return t if t is not None and now - MAX_RECORD_AGE_S <= t <= now else now
 
 
-def ingest_record(store: Store, job_id: str, record: dict[str, Any], now: float) -> None:
-    """Fold one coadapt.train metrics record into the job's report (and metrics table)."""
-    kind = record.get("kind")
+def ingest_record(store: Store, job_id: str, obj: dict[str, Any], now: float) -> None:
+    """Fold one coadapt.train metrics record (a decoded JSON object) into the job's report
+    (and metrics table); :func:`coadapt.protocol.parse_record` types it."""
+    try:
+        record = parse_record(obj)
+    except RecordError as exc:
+        raise SpecError(f"metrics record: {exc}") from None
     patch: dict[str, Any] = {"last_report_at": now}
-    if kind == "goodput":
+    if isinstance(record, GoodputRecord):
         for key in ("perf", "grad", "profile"):
-            if key in record:
-                patch[key] = record[key]
+            if key in obj:
+                patch[key] = getattr(record, key)
         patch["goodput"] = {
-            k: record.get(k) for k in ("current", "current_goodput", "best", "best_goodput", "pgns")
+            "current": record.current,
+            "current_goodput": record.current_goodput,
+            "best": record.best,
+            "best_goodput": record.best_goodput,
+            "pgns": record.pgns,
         }
-    elif kind == "progress":
+    elif isinstance(record, ProgressRecord):
         patch["progress"] = {
-            k: record.get(k)
-            for k in ("step", "epoch", "position", "replicas", "lr_scale", "pgns", "loss")
+            "step": record.step,
+            "epoch": record.epoch,
+            "position": record.position,
+            "replicas": record.replicas,
+            "lr_scale": record.lr_scale,
+            "pgns": record.pgns,
+            "loss": record.loss,
         }
-        for key in ("batch_size", "local_bsz", "accum_steps"):
-            if key in record:
-                patch[key] = record[key]
-    elif kind == "batch":
-        for key in ("batch_size", "local_bsz", "accum_steps"):
-            if key in record:
-                patch[key] = record[key]
+        _patch_batch(patch, obj, record)
+    elif isinstance(record, BatchRecord):
+        _patch_batch(patch, obj, record)
         store.add_event(
             job_id,
-            "batch",
-            f"batch size -> {record.get('batch_size')} "
-            f"(m={record.get('local_bsz')}, s={record.get('accum_steps')})",
+            EventKind.BATCH,
+            f"batch size -> {record.batch_size} (m={record.local_bsz}, s={record.accum_steps})",
             now,
-            {"batch_size": record.get("batch_size")},
+            {"batch_size": record.batch_size},
         )
-    elif kind == "metric":
-        name = str(record.get("name", "metric"))
-        value = _num(record.get("value"))
-        step = record.get("step")
-        ok_step = isinstance(step, int) and not isinstance(step, bool) and abs(step) <= INT32_MAX
-        store.add_metric(job_id, name, value, step if ok_step else None, record_time(record, now))
+    elif isinstance(record, MetricReport):
+        step = record.step
+        ok_step = step is not None and abs(step) <= INT32_MAX
+        store.add_metric(
+            job_id, record.name, record.value, step if ok_step else None, record_time(record, now)
+        )
         job = store.get_job(job_id)
         metrics = dict((job.report or {}).get("metrics", {}))
-        metrics[name[:64]] = value
+        metrics[record.name[:64]] = record.value
         patch["metrics"] = metrics
-    elif kind == "stopped":
+    elif isinstance(record, StoppedRecord):
         store.add_event(
             job_id,
-            "checkpointed",
+            EventKind.CHECKPOINTED,
             "replica checkpointed and stopped",
             now,
-            {"checkpoint": record.get("checkpoint")},
+            {"checkpoint": record.checkpoint},
         )
     store.merge_report(job_id, patch)
-    record_series(store, job_id, record, now)
+    if record is not None:
+        record_series(store, job_id, record, now)
+
+
+def _patch_batch(
+    patch: dict[str, Any], obj: dict[str, Any], record: ProgressRecord | BatchRecord
+) -> None:
+    """The batch figures the record carries (a sender that omits one keeps the last)."""
+    for key in ("batch_size", "local_bsz", "accum_steps"):
+        if key in obj:
+            patch[key] = getattr(record, key)

@@ -1,4 +1,4 @@
-"""The live demo: a real controller, real training jobs from ``examples/``, re-allocated live.
+"""The live demo: a real controller, real training jobs (package data), re-allocated live.
 
 :func:`run_live_demo` starts ``coadapt server`` on embedded defaults (temporary state dir,
 SQLite, local executor with CPU slots), submits training jobs that arrive over time, shows a
@@ -24,7 +24,8 @@ from coadapt.controller.client import Client, ClientError
 from coadapt.controller.specfile import load_spec_file
 from coadapt.controller.subprocess_server import ControllerStartError, running_controller
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+#: The demo's jobs ship inside the package (copies of ``examples/``; see its README).
+EXAMPLES = Path(__file__).resolve().parent / "demo_jobs"
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 

@@ -18,7 +18,6 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
-    UniqueConstraint,
     false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -76,6 +75,8 @@ class JobRow(Base):
     # learned after an out-of-memory failure (migration 0004): {"max_local_bsz": cap,
     # "oom_local_bsz": the per-replica batch that failed, "ooms": how many so far}
     memory_limit: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    # why a CANCELLED job was cancelled (coadapt.protocol.CancelCause; migration 0005)
+    cancel_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class ReplicaRow(Base):
@@ -126,49 +127,3 @@ class MetaRow(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
-
-
-# -- tuning (coadapt.tune; migration 0003). Optuna's own tables ("studies", "trials", ...)
-# live in the same database, hence the ``tune_`` prefix on ours.
-class ExperimentRow(Base):
-    __tablename__ = "tune_experiments"
-
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
-    name: Mapped[str] = mapped_column(String(64))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    study_name: Mapped[str] = mapped_column(String(128))
-    created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
-    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    best_value: Mapped[float | None] = mapped_column(Float, nullable=True)
-    best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    target_reached_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # the cross-tenant policy's per-experiment memory (priority, Algorithm 1's j, G, gaps)
-    policy_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    # [[time, best value], ...]: the best-so-far history shown by `coadapt tune show`
-    best_history: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
-
-
-class TrialRow(Base):
-    __tablename__ = "tune_trials"
-    __table_args__ = (UniqueConstraint("experiment_id", "number", name="uq_tune_trials_number"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    experiment_id: Mapped[str] = mapped_column(ForeignKey("tune_experiments.id"), index=True)
-    number: Mapped[int] = mapped_column(Integer)  # the Optuna trial number
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    priority: Mapped[int] = mapped_column(Integer, default=0)
-    value: Mapped[float | None] = mapped_column(Float, nullable=True)
-    curve: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # [[step, value], ...]
-    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # over all attempts
-    created_at: Mapped[float] = mapped_column(Float)
-    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    last_progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -29,11 +29,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from coadapt.controller.snapshot import speedup
-from coadapt.controller.states import JobState
+from coadapt.controller.states import ACTIVE, JobState
 from coadapt.controller.store import Job, Store
 
 JOB_LABELS = ("job", "tenant")
-ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
 
 
 def _finite(x: Any) -> float | None:

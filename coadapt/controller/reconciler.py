@@ -4,7 +4,8 @@ and make the processes match the policy's decision.
 Every tick re-derives what to do from the database and the executor's observations, never
 from memory of what it did last, so it is idempotent and a controller killed at any point
 picks up where it stopped (Kubernetes-controller style). The policy is only ever called as
-``policy.optimize(snapshot, rng)``; the loop never asks which policy it runs.
+``policy.optimize(snapshot, state, rng)``, with ``state`` the previous round's, read back from
+the database (``meta`` key ``policy_state:<name>``); the loop never asks which policy it runs.
 
 Invariants the loop keeps:
 
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 import sys
 import threading
 import time
@@ -35,28 +34,29 @@ from typing import Any
 import numpy as np
 
 from coadapt.controller.errors import ControllerError, InvalidTransitionError
-from coadapt.controller.snapshot import allocation_dict, build_snapshot
+from coadapt.controller.launch_plan import AttemptPlan, replica_specs
+from coadapt.controller.snapshot import accrued_service, allocation_dict, build_snapshot
 from coadapt.controller.spec import JobSpec
-from coadapt.controller.states import JobState
+from coadapt.controller.states import ACTIVE, JobState
 from coadapt.controller.store import Job, Replica, Store
-from coadapt.executors import Executor, ExecutorError, ReplicaHandle, ReplicaPhase, ReplicaSpec
-from coadapt.policies import NodeInfo, Policy, PolicyError, validate_allocations
+from coadapt.executors import Executor, ExecutorError, ReplicaHandle, ReplicaPhase
+from coadapt.policies import (
+    NodeInfo,
+    Policy,
+    PolicyError,
+    state_from_json,
+    state_to_json,
+    validate_allocations,
+)
+from coadapt.ports import free_port
+from coadapt.protocol import EventKind, ReplicaStatus
 from coadapt.train.memory import read_limit, shrink
 
 log = logging.getLogger("coadapt.controller")
 
 Clock = Callable[[], float]
-ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
-LIVE = ("starting", "live")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+LIVE = (ReplicaStatus.STARTING, ReplicaStatus.LIVE)
 _RESIGNAL_S = 5.0  # re-send SIGTERM this often while a stop is pending (level-triggered)
-# What a replica inherits from the controller's environment; nothing else (see _env).
-_INHERIT = frozenset(("PATH", "LANG", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH", "TMPDIR"))
-_INHERIT_PREFIXES = ("LC_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "NVIDIA_", "TORCH_")
-
-
-def _inherited(name: str) -> bool:
-    return name in _INHERIT or name.startswith(_INHERIT_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,6 @@ class ControllerConfig:
     shared_dir: Path | None = None
 
 
-def free_port() -> int:
-    """A TCP port free a moment ago (the replicas' rendezvous binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _handle(rep: Replica) -> ReplicaHandle:
     if rep.pid is None:
         raise ValueError(f"replica {rep.id} has no pid yet")
@@ -95,18 +88,6 @@ def fmt_alloc(alloc: dict[str, int]) -> str:
     if set(alloc) <= {"local"}:
         return str(sum(alloc.values()))
     return "+".join(f"{n}:{k}" for n, k in sorted(alloc.items())) or "0"
-
-
-@dataclass(frozen=True)
-class _Place:
-    """Where one rank of an attempt runs, and its coordinates in the torchrun convention."""
-
-    node: str
-    slot: int
-    local_rank: int
-    local_world: int
-    node_rank: int
-    node_slots: tuple[int, ...]  # the attempt's slots on this node (CUDA_VISIBLE_DEVICES)
 
 
 class Controller:
@@ -134,6 +115,8 @@ class Controller:
         self._signalled: dict[int, float] = {}
         self._tenant_names: dict[str, str] = {}
         self._round = int(store.meta_get("policy_round") or 0)
+        self.policy_state_key = f"policy_state:{policy.name}"  # one memory per policy
+        self.last_diagnostics: dict[str, float] = {}  # the last round's Decision.diagnostics
         self.last_round_seconds: float | None = None
         self.last_round_at: float | None = None
 
@@ -186,7 +169,7 @@ class Controller:
         """Loop until ``stop`` is set; an error in one step is logged and the loop goes on."""
         self.store.add_event(
             None,
-            "controller",
+            EventKind.CONTROLLER,
             f"controller started (policy {self.policy.name}, executor {self.executor.name}, "
             f"{len(self._nodes)} node(s), {self.slots} slots)",
             self.clock(),
@@ -222,7 +205,11 @@ class Controller:
         if left:
             parts.append("left: " + ", ".join(left))
         self.store.add_event(
-            None, "nodes", "; ".join(parts), now, {"nodes": new, "joined": joined, "left": left}
+            None,
+            EventKind.NODES,
+            "; ".join(parts),
+            now,
+            {"nodes": new, "joined": joined, "left": left},
         )
         self.poke()
 
@@ -233,19 +220,22 @@ class Controller:
                 if handle is None:
                     self.store.update_replica(
                         rep.id,
-                        status="exited",
+                        status=ReplicaStatus.EXITED,
                         exit_code=None,
                         reason="launch interrupted",
                         ended_at=now,
                     )
                     continue
                 rep = self.store.update_replica(
-                    rep.id, status="live", pid=handle.pid, start_ticks=handle.start_ticks
+                    rep.id,
+                    status=ReplicaStatus.LIVE,
+                    pid=handle.pid,
+                    start_ticks=handle.start_ticks,
                 )
             status = self.executor.poll(_handle(rep))
             if status.phase is ReplicaPhase.RUNNING:
-                if rep.status != "live":
-                    self.store.update_replica(rep.id, status="live")
+                if rep.status != ReplicaStatus.LIVE:
+                    self.store.update_replica(rep.id, status=ReplicaStatus.LIVE)
                 continue
             self._signalled.pop(rep.id, None)
             present = {n.name for n in self._nodes}
@@ -260,7 +250,7 @@ class Controller:
                 reason = f"out of memory ({reason})"
             self.store.update_replica(
                 rep.id,
-                status="lost" if lost else "exited",
+                status=ReplicaStatus.LOST if lost else ReplicaStatus.EXITED,
                 exit_code=status.exit_code,
                 reason=reason,
                 ended_at=now,
@@ -268,7 +258,7 @@ class Controller:
             )
             self.store.add_event(
                 rep.job_id,
-                "replica-exit",
+                EventKind.REPLICA_EXIT,
                 f"attempt {rep.attempt} rank {rep.rank} "
                 + (f"lost: {reason}" if lost else f"exited: code {status.exit_code} ({reason})"),
                 now,
@@ -292,20 +282,20 @@ class Controller:
         """Attained service (slot-seconds) up to ``now``, for fields of an update."""
         if job.service_at is None or job.replicas <= 0:
             return {"service_at": None}
-        gained = job.replicas * max(now - job.service_at, 0.0)
-        return {"attained_service": job.attained_service + gained, "service_at": None}
+        attained = accrued_service(job.attained_service, job.replicas, job.service_at, now)
+        return {"attained_service": attained, "service_at": None}
 
     def _settle(self, now: float) -> None:
         """Turn finished or failed attempts into state transitions."""
         for job in self.store.list_jobs(states=(JobState.RUNNING, JobState.RESCALING)):
             reps = self.store.replicas(job.id, attempt=job.attempt)
             live = [r for r in reps if r.status in LIVE]
-            failed = [r for r in reps if r.status == "exited" and r.exit_code != 0]
-            lost = [r for r in reps if r.status == "lost"]
+            failed = [r for r in reps if r.status == ReplicaStatus.EXITED and r.exit_code != 0]
+            lost = [r for r in reps if r.status == ReplicaStatus.LOST]
             if live:
                 if (failed or lost) and job.state is JobState.RUNNING:
                     why = "a replica was lost" if lost else "a replica failed"
-                    self._stop_all(job, live, now, why=why)
+                    self._stop_all(job, live, now, EventKind.STOP, why)
                 continue
             try:
                 self._finish_attempt(job, reps, failed, now, lost)
@@ -337,7 +327,7 @@ class Controller:
                 now,
                 state=JobState.PENDING,
                 expect=job.state,
-                event=("alloc", f"{why}; 0 slots"),
+                event=(EventKind.ALLOC, f"{why}; 0 slots"),
                 event_data={"replicas": 0},
                 **common,
             )
@@ -350,7 +340,7 @@ class Controller:
                 state=JobState.SUCCEEDED,
                 expect=job.state,
                 reason="all replicas exited 0",
-                event=("alloc", "succeeded; 0 slots"),
+                event=(EventKind.ALLOC, "succeeded; 0 slots"),
                 event_data={"replicas": 0},
                 **common,
             )
@@ -376,7 +366,7 @@ class Controller:
                 expect=job.state,
                 failures=failures,
                 reason=f"{cause}; gave up after {max_restarts} restarts",
-                event=("alloc", f"failed: {cause}; 0 slots"),
+                event=(EventKind.ALLOC, f"failed: {cause}; 0 slots"),
                 event_data={"replicas": 0},
                 **common,
             )
@@ -391,7 +381,7 @@ class Controller:
                 not_before=now + delay,
                 reason=cause,
                 event=(
-                    "alloc",
+                    EventKind.ALLOC,
                     f"{cause}; retry {failures}/{max_restarts} in {delay:.0f}s "
                     "from the last checkpoint",
                 ),
@@ -438,7 +428,7 @@ class Controller:
             expect=job.state,
             memory_limit=limit,
             reason=why,
-            event=("alloc", f"{why}; 0 slots"),
+            event=(EventKind.ALLOC, f"{why}; 0 slots"),
             event_data={"replicas": 0, "memory_limit": limit},
             **common,
         )
@@ -472,15 +462,23 @@ class Controller:
         snapshot = build_snapshot(jobs, self._nodes, now, self.config.restart_delay)
         rng = np.random.default_rng([self.config.seed, self._round])
         try:
-            decided = self.policy.optimize(snapshot, rng)
+            state = state_from_json(self.store.meta_get(self.policy_state_key))
+            decision = self.policy.optimize(snapshot, state, rng)
+            decided = decision.allocations
             validate_allocations(snapshot, decided)
+            stored = state_to_json(decision.state)
         except PolicyError as exc:
-            self.store.add_event(None, "policy-error", f"policy {self.policy.name}: {exc}", now)
+            self.store.add_event(
+                None, EventKind.POLICY_ERROR, f"policy {self.policy.name}: {exc}", now
+            )
             log.error("policy %s failed: %s", self.policy.name, exc)
             return {}
         self.last_round_seconds = time.perf_counter() - started
         self._round += 1
-        self.store.meta_set("policy_round", str(self._round))
+        self.last_diagnostics = decision.diagnostics
+        # The round counter and the policy's memory (Tiresias' queues, the GA's population)
+        # are persisted together, so a restarted controller carries on where this one stopped.
+        self.store.meta_set_many({"policy_round": str(self._round), self.policy_state_key: stored})
         desired: dict[str, int] = {}
         changes: dict[str, tuple[int, str, dict[str, Any]]] = {}
         allocations: dict[str, dict[str, int]] = {}
@@ -510,7 +508,9 @@ class Controller:
         return self.store.update_job(
             job.id,
             now,
-            attained_service=job.attained_service + job.replicas * (now - job.service_at),
+            attained_service=accrued_service(
+                job.attained_service, job.replicas, job.service_at, now
+            ),
             service_at=now,
         )
 
@@ -552,16 +552,25 @@ class Controller:
                         job,
                         mine,
                         now,
-                        why=f"re-allocation {fmt_alloc(job.held)} -> {fmt_alloc(job.wanted)}",
+                        EventKind.RESCALE,
+                        f"re-allocation {fmt_alloc(job.held)} -> {fmt_alloc(job.wanted)}",
                     )
             elif job.state is JobState.RESCALING:
                 started = job.stop_requested_at if job.stop_requested_at is not None else now
                 self._signal(mine, now, force=now - started >= self.config.stop_grace)
 
-    def _stop_all(self, job: Job, reps: Sequence[Replica], now: float, why: str) -> None:
-        """SIGTERM every live replica of the job's attempt (checkpoint and exit 0)."""
+    def _stop_all(
+        self,
+        job: Job,
+        reps: Sequence[Replica],
+        now: float,
+        kind: EventKind,
+        why: str,
+    ) -> None:
+        """SIGTERM every live replica of the job's attempt (checkpoint and exit 0); ``kind``
+        RESCALE makes it a re-allocation (the job goes RESCALING), STOP a plain stop."""
         if job.state is JobState.RUNNING and job.stop_requested_at is None:
-            rescale = why.startswith("re-allocation")
+            rescale = kind is EventKind.RESCALE
             try:
                 self.store.update_job(
                     job.id,
@@ -569,10 +578,7 @@ class Controller:
                     state=JobState.RESCALING if rescale else None,
                     expect=JobState.RUNNING,
                     stop_requested_at=now,
-                    event=(
-                        "rescale" if rescale else "stop",
-                        f"SIGTERM to {len(reps)} replica(s): {why}",
-                    ),
+                    event=(kind, f"SIGTERM to {len(reps)} replica(s): {why}"),
                 )
             except InvalidTransitionError:
                 return
@@ -612,76 +618,40 @@ class Controller:
             cmd[0] = sys.executable  # the controller's interpreter, which has coadapt
         return (*cmd, *spec.args)
 
-    @staticmethod
-    def _expand(argv: Sequence[str], env: dict[str, str]) -> tuple[str, ...]:
-        """``${NAME}`` in a command or its args expands from the replica's environment
-        (e.g. ``--out ${COADAPT_CHECKPOINT_DIR}/result.json``)."""
-        return tuple(_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv)
-
-    def _env(
-        self,
-        job: Job,
-        spec: JobSpec,
-        attempt: int,
-        rank: int,
-        world: int,
-        port: int,
-        place: _Place,
-        num_nodes: int,
-    ) -> dict[str, str]:
-        """The replica's whole environment: an allowlist of the controller's (never all of
-        it: it may hold a database password or the admin token), the spec's own, then ours."""
-        env = {k: v for k, v in os.environ.items() if _inherited(k)}
-        env.update(spec.env)
+    def _plan(self, job: Job, attempt: int, port: int) -> AttemptPlan:
+        """The attempt's plain inputs to :mod:`coadapt.controller.launch_plan`."""
+        spec = job.job_spec
         jdir = self.job_dir(job.id)
-        env.update(
-            {
-                "HOME": str(jdir.resolve()),
-                "COADAPT_TENANT": self._tenant_name(job.tenant_id),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(place.local_rank),
-                "LOCAL_WORLD_SIZE": str(place.local_world),
-                "GROUP_RANK": str(place.node_rank),
-                # A cluster executor replaces these with rank 0's node and a port free there.
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "COADAPT_JOB_ID": job.id,
-                "COADAPT_NUM_NODES": str(num_nodes),
-                "COADAPT_NODE": place.node,
-                "COADAPT_CHECKPOINT_DIR": str((jdir / "checkpoints").resolve()),
-                "COADAPT_RESTARTS": str(attempt - 1),
-                "COADAPT_ATTEMPT": str(attempt),
-                "COADAPT_BATCH_MODE": self.policy.batch_mode.value,
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
+        url = token = None
         if self.config.metrics_base_url:
             token = self.store.job_token(job.id)
-            env["COADAPT_JOB_TOKEN"] = token
-            env["COADAPT_METRICS_URL"] = (
-                f"{self.config.metrics_base_url}/api/v1/jobs/{job.id}/metrics?token={token}"
-            )
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        if self.executor.uses_gpus():
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in place.node_slots)
-        else:
-            env.setdefault("OMP_NUM_THREADS", "1")
-        return env
+            url = f"{self.config.metrics_base_url}/api/v1/jobs/{job.id}/metrics?token={token}"
+        return AttemptPlan(
+            job_id=job.id,
+            attempt=attempt,
+            argv=self._argv(spec),
+            cwd=spec.working_dir or str(jdir.resolve()),  # never the state dir itself
+            job_dir=jdir,
+            tenant=self._tenant_name(job.tenant_id),
+            batch_mode=self.policy.batch_mode.value,
+            port=port,
+            spec_env=dict(spec.env),
+            uses_gpus=self.executor.uses_gpus(),
+            metrics_url=url,
+            job_token=token,
+            max_local_bsz=job.max_local_bsz,  # learned after an OOM (coadapt.train.memory)
+        )
 
     def _launch(self, job: Job, place: Sequence[tuple[str, int]], now: float) -> None:
         """Start attempt ``job.attempt + 1`` with one replica per (node, slot) of ``place``:
         rows first, then the whole group in one executor call (a gang on a cluster)."""
-        spec = job.job_spec
         attempt, k = job.attempt + 1, len(place)
         alloc: dict[str, int] = {}
         for node, _ in place:
             alloc[node] = alloc.get(node, 0) + 1
-        node_order = list(alloc)
         slots = [s for _, s in place]
         port = free_port()
         jdir = self.job_dir(job.id)
-        run_dir = jdir / "runs" / str(attempt)
         # Only the controller (and the replica's run-as user, once the executor hands the
         # directory over) may enter a job's directory.
         jdir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -702,7 +672,7 @@ class Controller:
                 service_at=now,
                 started_at=job.started_at if job.started_at is not None else now,
                 stop_requested_at=None,
-                event=("alloc", f"attempt {attempt}: {k} slot(s) {where}"),
+                event=(EventKind.ALLOC, f"attempt {attempt}: {k} slot(s) {where}"),
                 event_data={
                     "replicas": k,
                     "attempt": attempt,
@@ -712,44 +682,14 @@ class Controller:
             )
         except InvalidTransitionError:
             return  # cancelled meanwhile
-        argv = self._argv(spec)
-        cwd = spec.working_dir or str(jdir.resolve())  # never the state dir itself
-        rows: list[Replica] = []
-        specs: list[ReplicaSpec] = []
-        for rank, (node, slot) in enumerate(place):
-            log_path = jdir / "logs" / f"attempt-{attempt}.rank-{rank}.log"
-            rows.append(
-                self.store.add_replica(
-                    job.id, attempt, rank, slot, str(run_dir), str(log_path), now, node=node
-                )
+        plan = self._plan(job, attempt, port)
+        specs = replica_specs(plan, place, os.environ)
+        rows: list[Replica] = [
+            self.store.add_replica(
+                job.id, attempt, r.rank, r.slot, r.run_dir, r.log_path, now, node=r.node
             )
-            on_node = [s for n, s in place if n == node]
-            where_rank = _Place(
-                node=node,
-                slot=slot,
-                local_rank=sum(1 for n, _ in place[:rank] if n == node),
-                local_world=len(on_node),
-                node_rank=node_order.index(node),
-                node_slots=tuple(on_node),
-            )
-            env = self._env(job, spec, attempt, rank, k, port, where_rank, len(alloc))
-            if job.max_local_bsz is not None:  # learned after an OOM (coadapt.train.memory)
-                env["COADAPT_MAX_LOCAL_BSZ"] = str(job.max_local_bsz)
-            specs.append(
-                ReplicaSpec(
-                    job_id=job.id,
-                    attempt=attempt,
-                    rank=rank,
-                    world_size=k,
-                    argv=self._expand(argv, env),
-                    cwd=cwd,
-                    run_dir=str(run_dir),
-                    log_path=str(log_path),
-                    slot=slot,
-                    env=env,
-                    node=node,
-                )
-            )
+            for r in specs
+        ]
         try:
             results = self.executor.launch_group(specs)
         except ExecutorError as exc:
@@ -758,13 +698,13 @@ class Controller:
             if isinstance(result, ExecutorError):
                 self.store.update_replica(
                     rep.id,
-                    status="exited",
+                    status=ReplicaStatus.EXITED,
                     exit_code=127,
                     reason=f"launch failed: {result}",
                     ended_at=now,
                 )
-                self.store.add_event(job.id, "launch-error", str(result), now)
+                self.store.add_event(job.id, EventKind.LAUNCH_ERROR, str(result), now)
                 continue  # settle: a failed replica stops the others and retries/fails
             self.store.update_replica(
-                rep.id, status="live", pid=result.pid, start_ticks=result.start_ticks
+                rep.id, status=ReplicaStatus.LIVE, pid=result.pid, start_ticks=result.start_ticks
             )

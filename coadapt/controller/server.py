@@ -1,4 +1,7 @@
-"""``coadapt server``: the controller process (API + scheduling loop + local executor).
+"""The controller process's parts: options, admin token, replica isolation, shutdown report.
+
+:mod:`coadapt.service` assembles them with the store, the executor, the loops and the API
+into ``coadapt server``; nothing here imports above the controller.
 
 State lives in the database (SQLite file ``STATE_DIR/coadapt.db`` by default); job logs and
 checkpoints under ``STATE_DIR/jobs/``. Stopping or killing the controller does not stop the
@@ -7,43 +10,29 @@ jobs: their replicas run in their own sessions, and the next controller re-adopt
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import signal
 import threading
-import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import uvicorn
-from fastapi import FastAPI
-
-from coadapt.controller.api import ApiContext, create_app
-from coadapt.controller.db import sqlite_url
 from coadapt.controller.errors import SpecError
 from coadapt.controller.paths import (
     ADMIN_TOKEN_FILE,
     DEFAULT_PORT,
-    SERVER_FILE,
     default_state_dir,
 )
-from coadapt.controller.reconciler import Controller, ControllerConfig
 from coadapt.controller.store import Store
 from coadapt.executors import (
     Executor,
-    ExecutorError,
-    create_executor,
     detect_gpus,
     memlimit,
     sandbox,
 )
 from coadapt.executors.sandbox import Isolation, SandboxError
-from coadapt.policies import POLICY_NAMES, make_policy
 
 log = logging.getLogger("coadapt.controller")
 
@@ -95,7 +84,7 @@ class ServerOptions:
     memory_per_slot: str | None = None  # e.g. "16G": per-replica limit (cgroup or RLIMIT_AS)
 
 
-def _private_file(path: Path) -> None:
+def private_file(path: Path) -> None:
     """Create ``path`` (if missing) or narrow it to mode 0600."""
     if not path.exists():
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
@@ -168,167 +157,7 @@ def isolation_guard(options: ServerOptions, isolation: Isolation) -> Callable[[]
     return check
 
 
-def build(
-    options: ServerOptions, executor: Executor | None = None, clock: Callable[[], float] = time.time
-) -> tuple[FastAPI, Controller, Store]:
-    """Open the database (migrating it), create the admin token and wire API + loop."""
-    if options.policy not in POLICY_NAMES:
-        raise SpecError(
-            f"--policy: unknown policy {options.policy!r}; accepted: {', '.join(POLICY_NAMES)}"
-        )
-    if options.interval <= 0:
-        raise SpecError(f"--interval: {options.interval} is invalid; accepted: seconds > 0")
-    from coadapt.tune.policies import POLICY_NAMES as TUNE_POLICIES
-    from coadapt.tune.runner import TuneRunner
-
-    if options.tune_policy not in TUNE_POLICIES:
-        raise SpecError(
-            f"--tune-policy: unknown policy {options.tune_policy!r}; "
-            f"accepted: {', '.join(TUNE_POLICIES)}"
-        )
-    state_dir = options.state_dir.resolve()
-    shared_dir = options.shared_dir.resolve() if options.shared_dir is not None else None
-    jobs_root = (shared_dir or state_dir) / "jobs"
-    isolation = resolve_isolation(options, state_dir, jobs_root, executor)
-    if executor is None:
-        try:
-            executor = create_executor(
-                options.executor,
-                slots=options.slots,
-                ray_address=options.ray_address,
-                ray_slot_resource=options.ray_slot_resource,
-                ray_namespace=options.ray_namespace,
-                placement_timeout=options.placement_timeout,
-                isolation=isolation if isolation.active else None,
-            )
-        except ExecutorError as exc:
-            raise SpecError(str(exc)) from exc
-    # Only the controller enters the state dir; ``user`` mode (no namespaces) must let the
-    # run-as user traverse (not list) it to reach its own job dir.
-    traverse = 0o711 if isolation.mode == "user" else 0o700
-    state_dir.mkdir(parents=True, exist_ok=True)
-    state_dir.chmod(traverse)
-    jobs_root.mkdir(parents=True, exist_ok=True)
-    jobs_root.chmod(traverse)
-    if options.db is None:
-        for suffix in ("", "-wal", "-shm"):  # SQLite gives -wal/-shm the database's mode
-            if suffix == "" or (state_dir / f"coadapt.db{suffix}").exists():
-                _private_file(state_dir / f"coadapt.db{suffix}")
-    store = Store.open(options.db or sqlite_url(state_dir / "coadapt.db"))
-    ensure_admin_token(store, state_dir, clock())
-    (state_dir / ADMIN_TOKEN_FILE).chmod(0o600)
-    guard = isolation_guard(options, isolation)
-    if any(not t.is_admin for t in store.tenants()):
-        guard()
-    host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
-    config = ControllerConfig(
-        state_dir=state_dir,
-        interval=options.interval,
-        stop_grace=options.stop_grace,
-        backoff_base=options.backoff,
-        restart_delay=options.restart_delay,
-        seed=options.seed,
-        metrics_base_url=f"http://{host}:{options.port}",
-        shared_dir=shared_dir,
-    )
-    controller = Controller(store, executor, make_policy(options.policy), config, clock)
-    tuner = TuneRunner(
-        store, lambda: controller.slots, options.tune_policy, clock, on_change=controller.poke
-    )
-    stop = threading.Event()
-
-    def round_info() -> dict[str, Any]:
-        return {
-            "count": controller.rounds,
-            "at": controller.last_round_at,
-            "seconds": controller.last_round_seconds,
-            "interval": options.interval,
-        }
-
-    ctx = ApiContext(
-        store=store,
-        state_dir=state_dir,
-        slots=controller.slots,
-        policy=options.policy,
-        clock=clock,
-        on_change=controller.poke,
-        round_info=round_info,
-        jobs_dir=controller.job_dir("_").parent,
-        inventory=lambda: [(n.name, n.gpus) for n in controller.nodes],
-        isolation=isolation.describe(),
-        admit_tenant=guard,
-    )
-    app = create_app(ctx)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        thread = threading.Thread(
-            target=controller.run, args=(stop, options.tick), name="coadapt-loop", daemon=True
-        )
-        thread.start()
-        tune_thread = threading.Thread(
-            target=tuner.run, args=(stop, options.tune_tick), name="coadapt-tune", daemon=True
-        )
-        tune_thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            controller.poke()
-            thread.join(timeout=10)
-            tune_thread.join(timeout=10)
-            tuner.close()
-
-    app.router.lifespan_context = lifespan
-    return app, controller, store
-
-
-def serve(options: ServerOptions) -> int:
-    """Run the controller until SIGINT/SIGTERM (jobs keep running; a restart re-adopts).
-
-    On the signal uvicorn stops serving and the lifespan stops the scheduling loop; then this
-    logs what the shutdown did, checkpoints SQLite's WAL into the database file (so the state
-    dir is one self-contained file while no controller runs) and closes the database.
-    uvicorn re-raises the captured signal after it shut down; the handlers installed here
-    turn that into a plain return, so the clean-up below runs and the exit status is 0.
-    """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app, controller, store = build(options)
-    state_dir = options.state_dir.resolve()
-    url = (
-        f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:"
-        f"{options.port}"
-    )
-    _private_file(state_dir / SERVER_FILE)
-    (state_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
-    iso = getattr(controller.executor, "isolation", None)
-    print(f"coadapt replica isolation: {describe_isolation(iso)}", flush=True)
-    print(
-        f"coadapt controller on {url} (docs {url}/docs), policy {options.policy}, "
-        f"{controller.slots} {'GPU' if controller.executor.uses_gpus() else 'CPU'} slots, "
-        f"state {state_dir}, admin token in {state_dir / ADMIN_TOKEN_FILE}",
-        flush=True,
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=options.host, port=options.port, log_level=options.log_level, access_log=False
-        )
-    )
-    received: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        server.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        _shutdown_report(store, received)
-    return 0
-
-
-def _shutdown_report(store: Store, received: list[int]) -> None:
+def shutdown_report(store: Store, received: list[int]) -> None:
     """Log what stopping did, checkpoint the SQLite WAL and close the database."""
     why = signal.Signals(received[0]).name if received else "server stopped"
     loop_alive = any(

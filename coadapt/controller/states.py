@@ -34,6 +34,9 @@ class JobState(str, Enum):
 
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+#: The states that want or hold slots, in lifecycle order: the one list the loop, the API's
+#: metrics, the dashboard and the tuner filter jobs by (``Store.list_jobs(states=ACTIVE)``).
+ACTIVE: tuple[JobState, ...] = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),

@@ -45,6 +45,7 @@ from coadapt.controller.models import (
 )
 from coadapt.controller.spec import JobSpec
 from coadapt.controller.states import JobState, check_transition
+from coadapt.protocol import CancelCause
 
 
 def hash_token(token: str) -> str:
@@ -90,6 +91,8 @@ class Job:
     desired_allocation: dict[str, int] | None = None
     # what an out-of-memory failure taught: {"max_local_bsz", "oom_local_bsz", "ooms"}
     memory_limit: dict[str, int] | None = None
+    # why a CANCELLED job was cancelled (None: not cancelled, or by an older controller)
+    cancel_cause: CancelCause | None = None
 
     @property
     def max_local_bsz(self) -> int | None:
@@ -191,7 +194,16 @@ def _job(row: JobRow) -> Job:
             dict(row.desired_allocation) if row.desired_allocation is not None else None
         ),
         memory_limit=dict(row.memory_limit) if row.memory_limit is not None else None,
+        cancel_cause=_cause(row.cancel_cause),
     )
+
+
+def _cause(raw: str | None) -> CancelCause | None:
+    """The stored cause; one a newer controller wrote that this one does not know: None."""
+    try:
+        return CancelCause(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 def _replica(row: ReplicaRow) -> Replica:
@@ -279,6 +291,17 @@ class Store:
                 return row.value
             s.add(MetaRow(key=key, value=value))
             return value
+
+    def meta_set_many(self, values: dict[str, str]) -> None:
+        """Set several meta keys in one transaction (a policy round's counter and state must
+        not be torn apart by a crash between two writes)."""
+        with self.transaction() as s:
+            for key, value in values.items():
+                row = s.get(MetaRow, key)
+                if row is None:
+                    s.add(MetaRow(key=key, value=value))
+                else:
+                    row.value = value
 
     def meta_set(self, key: str, value: str) -> None:
         with self.transaction() as s:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coadapt.controller.client import Client
+from coadapt.ports import free_port
+
+__all__ = ["ControllerStartError", "RunningController", "free_port", "running_controller"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class ControllerStartError(RuntimeError):
     """The controller exited or did not answer within the start timeout."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ import hashlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -57,6 +56,7 @@ from coadapt.executors.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
+from coadapt.ports import free_port
 
 log = logging.getLogger("coadapt.executors.ray")
 
@@ -89,12 +89,6 @@ def _die_with_parent() -> None:
         pass
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 class ReplicaRunner:
     """The actor behind one replica: starts the training process on its node in the
     constructor (which runs once the bundle is reserved) and answers status / stop calls."""
@@ -105,7 +99,7 @@ class ReplicaRunner:
         self.reason = ""
         ip = ray.util.get_node_ip_address()
         if master is None:
-            self.addr: tuple[str, int] = (ip, _free_port())
+            self.addr: tuple[str, int] = (ip, free_port(""))
         else:
             rank0 = ray.get_actor(master, namespace=namespace)
             got: Any = ray.get(rank0.master.remote(), timeout=_MASTER_TIMEOUT_S)

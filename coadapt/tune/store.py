@@ -25,8 +25,8 @@ from sqlalchemy.exc import IntegrityError
 
 from coadapt.controller.db import normalise_url
 from coadapt.controller.errors import InvalidTransitionError, NotFoundError
-from coadapt.controller.models import ExperimentRow, TrialRow
 from coadapt.controller.store import Store, Tenant
+from coadapt.tune.tables import ExperimentRow, TrialRow
 
 
 class ExperimentState(str, Enum):

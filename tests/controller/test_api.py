@@ -11,9 +11,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from coadapt.controller.api import ApiContext, create_app
+from coadapt.controller.api import ApiContext
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
+from coadapt.service import create_app
 from tests.controller.conftest import FakeClock, make_spec
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from coadapt.controller.api import ApiContext, create_app
+from coadapt.controller.api import ApiContext
 from coadapt.controller.db import sqlite_url
 from coadapt.controller.store import Store
+from coadapt.service import create_app
 from tests.controller.test_api import SyncASGI
 from tests.requirements import unavailable
 

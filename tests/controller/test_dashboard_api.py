@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from coadapt.controller.api import ApiContext, create_app
+from coadapt.controller.api import ApiContext
 from coadapt.controller.dashboard.routes import Rep, total_work, utilisation
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
 from coadapt.goodput import PerfParams, iter_time
+from coadapt.service import create_app
 from tests.controller.conftest import FakeClock
 from tests.controller.test_api import Api, SyncASGI, submit
 from tests.controller.test_snapshot import PERF

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from coadapt.controller.errors import SpecError
-from coadapt.controller.server import ServerOptions, build
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
 from coadapt.executors import FakeExecutor, LocalExecutor
 from coadapt.executors.sandbox import SandboxError, resolve
+from coadapt.service import ServerOptions, build
 from tests.controller.conftest import make_spec
 from tests.controller.test_api import SyncASGI
 from tests.requirements import unavailable

@@ -10,10 +10,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from coadapt.controller.api import ApiContext, create_app
+from coadapt.controller.api import ApiContext
 from coadapt.controller.snapshot import speedup
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
+from coadapt.service import create_app
 from tests.controller.conftest import FakeClock
 from tests.controller.test_api import Api, SyncASGI, submit
 from tests.controller.test_snapshot import PERF

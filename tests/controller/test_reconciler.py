@@ -15,7 +15,13 @@ from coadapt.controller.reconciler import Controller, ControllerConfig
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
 from coadapt.executors import FakeExecutor
-from coadapt.policies import Allocation, BatchMode, ClusterSnapshot, make_policy
+from coadapt.policies import (
+    BatchMode,
+    ClusterSnapshot,
+    Decision,
+    PolicyState,
+    make_policy,
+)
 from tests.controller.conftest import FakeClock, Rig
 
 
@@ -29,10 +35,10 @@ class ScriptedPolicy:
     seen: list[ClusterSnapshot] = field(default_factory=list)
 
     def optimize(
-        self, snapshot: ClusterSnapshot, rng: np.random.Generator
-    ) -> dict[str, Allocation]:
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
         self.seen.append(snapshot)
-        return {k: (v,) for k, v in self.plan.items() if k in snapshot.jobs}
+        return Decision({k: (v,) for k, v in self.plan.items() if k in snapshot.jobs})
 
 
 RigFactory = Callable[..., Rig]

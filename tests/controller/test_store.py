@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
@@ -20,6 +21,8 @@ from coadapt.controller.models import Base
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
+from coadapt.protocol import CancelCause
+from coadapt.tune import tables as tune_tables
 from tests.controller.conftest import make_spec
 
 
@@ -31,6 +34,8 @@ def test_migration_from_empty_database_matches_the_models(db_url: str) -> None:
         migrate(engine)  # idempotent: a restart migrates again
         assert current_revision(engine) == head_revision()
         with engine.connect() as conn:
+            # The tuning tables (coadapt.tune.tables) share the controller's metadata.
+            assert tune_tables.TrialRow.metadata is Base.metadata
             diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
         assert diff == [], f"models and migrations disagree: {diff}"
     finally:
@@ -63,6 +68,53 @@ def test_upgrade_from_0001_keeps_rows_and_defaults_the_node(db_url: str) -> None
             alloc = conn.exec_driver_sql("SELECT allocation FROM jobs").scalar_one()
         assert node == "local"
         assert alloc is None
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_to_0005_derives_the_cancel_cause_from_old_reasons(db_url: str) -> None:
+    """Jobs the tuning loop cancelled before ``cancel_cause`` existed keep their meaning."""
+    engine = make_engine(db_url)
+    rows = {
+        "p": ("CANCELLED", "tune: pruned: below the median at step 40"),
+        "q": ("CANCELLED", "tune: preempted for #3"),
+        "d": ("CANCELLED", "tune: dead: no report for 600s"),
+        "e": ("CANCELLED", "tune: experiment ended: target reached"),
+        "u": ("CANCELLED", "cancelled by alice"),
+        "f": ("FAILED", "tune: pruned lookalike on a failed job"),
+        "n": ("SUCCEEDED", None),
+    }
+    try:
+        migrate(engine, "0004")
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO tenants (id, name, is_admin, created_at) VALUES ('t1', 'a', false, 0)"
+            )
+            for job_id, (state, reason) in rows.items():
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO jobs (id, tenant_id, name, spec, state, priority,"
+                        " submit_time, updated_at, attempt, replicas, desired_replicas,"
+                        " num_restarts, failures, not_before, attained_service, max_gpus_held,"
+                        " reason) VALUES (:id, 't1', 'old', '{}', :state, 0, 0, 0, 1, 0, 0, 0,"
+                        " 0, 0, 0, 1, :reason)"
+                    ),
+                    {"id": job_id, "state": state, "reason": reason},
+                )
+        migrate(engine)
+        assert current_revision(engine) == head_revision()
+        with engine.connect() as conn:
+            got = dict(conn.exec_driver_sql("SELECT id, cancel_cause FROM jobs").all())
+        assert got == {
+            "p": "tune-pruned",
+            "q": "tune-preempted",
+            "d": "tune-dead",
+            "e": "tune-ended",
+            "u": "user",
+            "f": None,
+            "n": None,
+        }
+        assert {c.value for c in CancelCause} >= {v for v in got.values() if v is not None}
     finally:
         engine.dispose()
 

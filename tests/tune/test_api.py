@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from coadapt.controller.api import ApiContext, create_app
+from coadapt.controller.api import ApiContext
 from coadapt.controller.db import sqlite_url
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
+from coadapt.service import create_app
 from coadapt.tune.runner import TuneRunner
 from tests.controller.conftest import FakeClock
 from tests.controller.test_api import SyncASGI
@@ -113,7 +114,7 @@ def test_a_non_mapping_body_is_422(api: Api) -> None:
 
 def test_cli_plot_and_local_validation(api: Api, tmp_path: Path) -> None:
     from coadapt.cli import main
-    from coadapt.tune.cli import plot_experiment
+    from coadapt.cli.tune import plot_experiment
 
     exp = api.call("POST", "/api/v1/experiments", json=exp_spec(target=0.9)).json()
     exp_id = exp["experiment"]["id"]

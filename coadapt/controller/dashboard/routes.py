@@ -17,8 +17,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,22 +26,19 @@ from fastapi import Depends, FastAPI, Query
 from fastapi.responses import FileResponse, Response
 from fastapi.routing import APIRouter
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 
 from coadapt.controller.api import ApiContext, job_view
+from coadapt.controller.dashboard.data import Rep, replica_rows, series_rows
 from coadapt.controller.dashboard.series import PREFIX
-from coadapt.controller.db import READ_OPTION
-from coadapt.controller.errors import NotFoundError, StorageError
-from coadapt.controller.models import MetricRow, ReplicaRow
-from coadapt.controller.states import JobState
-from coadapt.controller.store import Event, Job, Store, Tenant
-from coadapt.goodput import FitError, Observations, PerfParams, fit_perf_params, iter_time
+from coadapt.controller.errors import NotFoundError
+from coadapt.controller.models import MetricRow
+from coadapt.controller.states import ACTIVE, JobState
+from coadapt.controller.store import Event, Job, Tenant
+from coadapt.goodput import PerfParams, iter_time
+from coadapt.goodput.fit import fit_profile
 
 STATIC = Path(__file__).resolve().parent / "static"
 SIM_DIR_ENV = "COADAPT_DASHBOARD_SIM_DIR"
-ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
 MAX_POINTS = 600  # per series: plots never need more, and the browser polls every 2 s
 ETA_WINDOW_S = 120.0  # progress rate is measured over this much recent history
 TOTAL_FLAGS = {
@@ -63,73 +59,6 @@ NO_CACHE = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
 }
-
-
-@dataclass(frozen=True)
-class Rep:
-    """One replica row, as the cluster view needs it (``node`` is read tolerantly)."""
-
-    job_id: str
-    node: str
-    slot: int
-    rank: int
-    attempt: int
-    status: str
-    started_at: float
-    ended_at: float | None
-
-
-def _read(store: Store) -> Session:
-    return Session(store.engine.execution_options(**{READ_OPTION: True}))
-
-
-def replica_rows(store: Store, since: float | None = None) -> list[Rep]:
-    """Replica rows still holding a slot, or that ended after ``since`` (None: only live)."""
-    q = select(ReplicaRow).order_by(ReplicaRow.id)
-    if since is None:
-        q = q.where(ReplicaRow.status.in_(("starting", "live")))
-    else:
-        q = q.where((ReplicaRow.ended_at.is_(None)) | (ReplicaRow.ended_at >= since))
-    try:
-        with _read(store) as s, s.begin():
-            return [
-                Rep(
-                    r.job_id,
-                    str(getattr(r, "node", None) or "local"),
-                    r.slot,
-                    r.rank,
-                    r.attempt,
-                    r.status,
-                    r.started_at,
-                    r.ended_at,
-                )
-                for r in s.scalars(q)
-            ]
-    except OperationalError as exc:
-        raise StorageError(f"database error: {exc.orig}") from exc
-
-
-def series_rows(
-    store: Store,
-    job_ids: Sequence[str],
-    names: Iterable[str] | None = None,
-    since: float | None = None,
-) -> list[MetricRow]:
-    """Metric rows of ``job_ids`` (optionally only ``names``, only after ``since``)."""
-    if not job_ids:
-        return []
-    q = select(MetricRow).where(MetricRow.job_id.in_(list(job_ids))).order_by(MetricRow.id)
-    if names is not None:
-        q = q.where(MetricRow.name.in_(list(names)))
-    if since is not None:
-        q = q.where(MetricRow.time >= since)
-    try:
-        with _read(store) as s, s.begin():
-            rows = list(s.scalars(q))
-            s.expunge_all()
-            return rows
-    except OperationalError as exc:
-        raise StorageError(f"database error: {exc.orig}") from exc
 
 
 def thin(points: list[list[Any]], limit: int = MAX_POINTS) -> list[list[Any]]:
@@ -231,24 +160,8 @@ def perf_params(report: dict[str, Any]) -> tuple[PerfParams | None, str | None]:
         vals = _finite(perf, PerfParams.__dataclass_fields__)
         if vals is not None:
             return PerfParams(*vals), "reported"
-    rows = [
-        r
-        for r in report.get("profile") or []
-        if isinstance(r, dict) and _finite(r, PROFILE_KEYS) is not None
-    ]
-    if not rows:
-        return None, None
-    try:
-        obs = Observations.build(
-            [r["nodes"] for r in rows],
-            [r["replicas"] for r in rows],
-            [r["local_bsz"] for r in rows],
-            [r["iter_time"] for r in rows],
-            accum_steps=[r["accum_steps"] for r in rows],
-        )
-        return fit_perf_params(obs), "fitted from profile"
-    except (FitError, ValueError):
-        return None, None
+    fitted = fit_profile(report.get("profile"))  # cached: fitted once per profile version
+    return (fitted, "fitted from profile") if fitted is not None else (None, None)
 
 
 def model_view(job: Job, configs: Iterable[tuple[int, int, int, int]]) -> dict[str, Any]:

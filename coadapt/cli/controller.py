@@ -14,68 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from coadapt.controller.client import DEFAULT_RETRY_S, Client, ClientError
+from coadapt.cli.output import fmt, run_client, state_dir, table
+from coadapt.controller.client import DEFAULT_RETRY_S, Client
 from coadapt.controller.errors import ControllerError
-from coadapt.controller.paths import ADMIN_TOKEN_FILE, DEFAULT_PORT, SERVER_FILE, default_state_dir
+from coadapt.controller.paths import DEFAULT_PORT
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-
-
-def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.state_dir) if getattr(args, "state_dir", None) else default_state_dir()
-
-
-def _client(args: argparse.Namespace) -> Client:
-    state = _state_dir(args)
-    url = args.server or os.environ.get("COADAPT_SERVER")
-    if not url:
-        try:
-            url = json.loads((state / SERVER_FILE).read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            url = f"http://127.0.0.1:{DEFAULT_PORT}"
-    token = args.token or os.environ.get("COADAPT_TOKEN")
-    if not token:
-        try:
-            token = (state / ADMIN_TOKEN_FILE).read_text().strip()
-        except OSError:
-            token = None
-    retry = getattr(args, "retry", DEFAULT_RETRY_S)
-    return Client(str(url), token, retry_for=retry, stderr=sys.stderr)
-
-
-def _exit_code(exc: ClientError) -> int:
-    return 3 if exc.status == 0 else (2 if 400 <= exc.status < 500 else 1)
-
-
-def _run_client(fn: Any) -> Any:
-    def wrapper(args: argparse.Namespace) -> int:
-        try:
-            with _client(args) as client:
-                return int(fn(client, args))
-        except ClientError as exc:
-            print(f"coadapt: {exc.render()}", file=sys.stderr)
-            return _exit_code(exc)
-        except ControllerError as exc:
-            print(f"coadapt: {exc.message}", file=sys.stderr)
-            for d in exc.details:
-                print(f"  {d.get('field')}: {d.get('message')}", file=sys.stderr)
-            return 2
-
-    return wrapper
-
-
-def _fmt(x: Any, digits: int = 1) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
-    return str(x)
 
 
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
@@ -85,15 +34,6 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         job = client.submit(load_spec_file(path))
         print(job["id"])
     return 0
-
-
-def _table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> int:
@@ -108,13 +48,13 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> int:
             j["tenant"],
             j["state"],
             str(j["replicas"]),
-            _fmt(j["batch_size"]),
-            _fmt(j["step"]),
+            fmt(j["batch_size"]),
+            fmt(j["step"]),
             str(j["restarts"]),
         ]
         for j in jobs
     ]
-    _table(rows, ["ID", "NAME", "TENANT", "STATE", "REPLICAS", "BATCH", "STEP", "RESTARTS"])
+    table(rows, ["ID", "NAME", "TENANT", "STATE", "REPLICAS", "BATCH", "STEP", "RESTARTS"])
     return 0
 
 
@@ -145,7 +85,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         "attained_service",
         "metrics",
     ):
-        print(f"{key:>17}: {_fmt(job.get(key), 3)}")
+        print(f"{key:>17}: {fmt(job.get(key), 3)}")
     print("           events:")
     for e in client.events(args.job)[-args.events :]:
         print(
@@ -219,14 +159,14 @@ def cmd_cluster(client: Client, args: argparse.Namespace) -> int:
             str(j["replicas"]),
             str(j["desired_replicas"]),
             ",".join(str(s) for s in j["slots"]) or "-",
-            _fmt(j["batch_size"]),
-            _fmt(j["goodput"]),
-            _fmt(j["speedup"], 2),
-            _fmt(j["step"]),
+            fmt(j["batch_size"]),
+            fmt(j["goodput"]),
+            fmt(j["speedup"], 2),
+            fmt(j["step"]),
         ]
         for j in state["jobs"]
     ]
-    _table(
+    table(
         rows, ["ID", "STATE", "REPLICAS", "DESIRED", "SLOTS", "BATCH", "GOODPUT", "SPEEDUP", "STEP"]
     )
     return 0
@@ -252,12 +192,12 @@ def _tenant_users(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from coadapt.controller.server import ServerOptions, serve
+    from coadapt.service import ServerOptions, serve
 
     try:
         return serve(
             ServerOptions(
-                state_dir=_state_dir(args),
+                state_dir=state_dir(args),
                 host=args.host,
                 port=args.port,
                 db=args.db,
@@ -406,18 +346,18 @@ def add_parsers(subparsers: Any) -> None:
 
     p = subparsers.add_parser("submit", parents=[common], help="submit job specs (YAML/JSON)")
     p.add_argument("files", nargs="+", help="job spec files")
-    p.set_defaults(func=_run_client(cmd_submit))
+    p.set_defaults(func=run_client(cmd_submit))
 
     p = subparsers.add_parser("ls", parents=[common], help="list jobs")
     p.add_argument("--state", action="append", default=None, help="only jobs in this state")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_run_client(cmd_ls))
+    p.set_defaults(func=run_client(cmd_ls))
 
     p = subparsers.add_parser("show", parents=[common], help="show one job and its events")
     p.add_argument("job")
     p.add_argument("--json", action="store_true")
     p.add_argument("--events", type=int, default=20, help="how many recent events")
-    p.set_defaults(func=_run_client(cmd_show))
+    p.set_defaults(func=run_client(cmd_show))
 
     p = subparsers.add_parser("logs", parents=[common], help="print a job's log")
     p.add_argument("job")
@@ -425,11 +365,11 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--attempt", type=int, default=None, help="default: the latest")
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
-    p.set_defaults(func=_run_client(cmd_logs))
+    p.set_defaults(func=run_client(cmd_logs))
 
     p = subparsers.add_parser("cancel", parents=[common], help="cancel jobs")
     p.add_argument("jobs", nargs="+")
-    p.set_defaults(func=_run_client(cmd_cancel))
+    p.set_defaults(func=run_client(cmd_cancel))
 
     p = subparsers.add_parser(
         "wait", parents=[common], help="wait for jobs to finish (exit 0 if all succeeded)"
@@ -437,16 +377,16 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("jobs", nargs="+")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
-    p.set_defaults(func=_run_client(cmd_wait))
+    p.set_defaults(func=run_client(cmd_wait))
 
     p = subparsers.add_parser(
         "cluster", parents=[common], help="slots, allocations, goodput and batch sizes"
     )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_run_client(cmd_cluster))
+    p.set_defaults(func=run_client(cmd_cluster))
 
     p = subparsers.add_parser("tenant", help="manage tenants (admin token)")
     tsub = p.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
     tp = tsub.add_parser("create", parents=[common], help="create a tenant; prints its token")
     tp.add_argument("name")
-    tp.set_defaults(func=_run_client(cmd_tenant_create))
+    tp.set_defaults(func=run_client(cmd_tenant_create))

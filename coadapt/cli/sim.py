@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from coadapt.cli.output import missing_extra
 from coadapt.policies import POLICY_NAMES, make_policy
 from coadapt.sim.cluster import parse_cluster
 from coadapt.sim.engine import SimConfig, simulate
@@ -179,6 +180,9 @@ def plot(summaries: list[PolicySummary], out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``coadapt simulate``; returns the exit status."""
+    if args.plot is not None and (why := missing_extra(("matplotlib",), "train", "--plot")):
+        print(f"coadapt simulate: error: {why}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
     try:
         summaries = _simulate_all(args)
     except SimInputError as exc:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coadapt.controller.cli import _fmt, _run_client, _table
+from coadapt.cli.output import fmt, missing_extra, run_client, table
 from coadapt.controller.client import Client
 
 
@@ -43,19 +43,19 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> int:
             str(e["n_trials"]),
             str(e["n_running"]),
             f"{e['objective']['metric']} ({e['objective']['direction'][:3]})",
-            _fmt(e["best_value"], 4),
-            _fmt(e["target"], 4),
+            fmt(e["best_value"], 4),
+            fmt(e["target"], 4),
         ]
         for e in exps
     ]
-    _table(
+    table(
         rows, ["ID", "NAME", "TENANT", "STATE", "TRIALS", "RUNNING", "OBJECTIVE", "BEST", "TARGET"]
     )
     return 0
 
 
 def _params(p: dict[str, Any]) -> str:
-    return " ".join(f"{k}={_fmt(v, 4) if isinstance(v, float) else v}" for k, v in p.items())
+    return " ".join(f"{k}={fmt(v, 4) if isinstance(v, float) else v}" for k, v in p.items())
 
 
 def _peak(curve: list[list[float]], direction: str) -> float | None:
@@ -74,9 +74,9 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         e = data["experiment"]
         obj = e["objective"]
         print(f"{e['id']}  {e['name']}  ({e['tenant']})  {e['state']}")
-        print(f"  objective: {obj['direction']} {obj['metric']}, target {_fmt(e['target'], 4)}")
+        print(f"  objective: {obj['direction']} {obj['metric']}, target {fmt(e['target'], 4)}")
         print(
-            f"  best so far: {_fmt(e['best_value'], 4)} (trial #{_fmt(e['best_trial'])}; the best"
+            f"  best so far: {fmt(e['best_value'], 4)} (trial #{fmt(e['best_trial'])}; the best"
             " value reported at any step, PEAK below; VALUE is a trial's final report)"
         )
         print(
@@ -91,8 +91,8 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
             [
                 str(t["number"]),
                 t["state"],
-                _fmt(t["value"], 4),
-                _fmt(_peak(t["curve"], obj["direction"]), 4),
+                fmt(t["value"], 4),
+                fmt(_peak(t["curve"], obj["direction"]), 4),
                 str(len(t["curve"])),
                 str(t["attempts"]),
                 t["job_id"] or "-",
@@ -100,8 +100,11 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
             ]
             for t in data["trials"]
         ]
-        _table(rows, ["#", "STATE", "VALUE", "PEAK", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
+        table(rows, ["#", "STATE", "VALUE", "PEAK", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
     if args.plot:
+        if why := missing_extra(("matplotlib",), "train", "--plot"):
+            print(f"coadapt: {why}", file=sys.stderr)
+            return 2
         plot_experiment(data, Path(args.plot))
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
@@ -174,11 +177,11 @@ def add_parsers(subparsers: Any) -> None:
 
     sp = sub.add_parser("submit", parents=[common], help="submit experiment specs (YAML/JSON)")
     sp.add_argument("files", nargs="+")
-    sp.set_defaults(func=_run_client(cmd_submit))
+    sp.set_defaults(func=run_client(cmd_submit))
 
     sp = sub.add_parser("ls", parents=[common], help="list experiments")
     sp.add_argument("--json", action="store_true")
-    sp.set_defaults(func=_run_client(cmd_ls))
+    sp.set_defaults(func=run_client(cmd_ls))
 
     sp = sub.add_parser("show", parents=[common], help="trials, best so far, optional PNG")
     sp.add_argument("experiment")
@@ -189,8 +192,8 @@ def add_parsers(subparsers: Any) -> None:
         metavar="OUT.png",
         help="write best value over time and the trials' curves",
     )
-    sp.set_defaults(func=_run_client(cmd_show))
+    sp.set_defaults(func=run_client(cmd_show))
 
     sp = sub.add_parser("cancel", parents=[common], help="cancel experiments")
     sp.add_argument("experiments", nargs="+")
-    sp.set_defaults(func=_run_client(cmd_cancel))
+    sp.set_defaults(func=run_client(cmd_cancel))

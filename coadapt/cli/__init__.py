@@ -1,8 +1,11 @@
-"""The ``coadapt`` command: one entry point, one sub-command per feature.
+"""The ``coadapt`` command: the one CLI package, one module per feature's sub-commands.
 
-Each feature module owns its sub-command (``add_parser(subparsers)`` registering
-``func=run``); this module only assembles them and maps :class:`CoadaptError`-style input
-errors to exit code 2 with a one-line message.
+:mod:`~coadapt.cli.controller` (``server``, ``submit``, ``ls``, ...), :mod:`~.tune`
+(``tune ...``), :mod:`~.sim` (``simulate``), :mod:`~.demo` (``demo``) and the training
+launcher's ``launch`` (:mod:`coadapt.train.launch`); :mod:`~.output` holds what the client
+commands share. Each module registers its sub-commands (``add_parser(s)(subparsers)`` setting
+``func``); this module only assembles them. The CLI sits on top of everything: nothing in the
+package imports it (``python -m coadapt.controller`` is an entry point, not an import).
 """
 
 from __future__ import annotations
@@ -23,20 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"coadapt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from coadapt.sim import cli as sim_cli
-
-    sim_cli.add_parser(sub)
+    # Imported here, not at the top: ``coadapt --help`` should not pay for NumPy or FastAPI.
+    from coadapt.cli import controller, demo, sim, tune
     from coadapt.train import launch
 
+    sim.add_parser(sub)
     launch.add_parser(sub)
-    from coadapt.controller import cli as controller_cli
-
-    controller_cli.add_parsers(sub)
-    from coadapt.tune import cli as tune_cli
-
-    tune_cli.add_parsers(sub)
-    from coadapt import demo
-
+    controller.add_parsers(sub)
+    tune.add_parsers(sub)
     demo.add_parser(sub)
     return parser
 
