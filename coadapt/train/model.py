@@ -76,7 +76,7 @@ CHECKPOINT_BUDGET = 0.02
 # (a young job checkpoints every few seconds, a long one every ``checkpoint_interval``),
 CHECKPOINT_LOSS_SHARE = 0.02
 # but never more often than this (seconds): a cheap checkpoint still writes a file.
-CHECKPOINT_MIN_GAP = 1.0
+CHECKPOINT_MIN_GAP = 0.5
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
