@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from coadapt.executors.base import (
     ExecutorError,
@@ -71,6 +72,8 @@ class FakeExecutor:
             raise ExecutorError(f"fake launch failure for {spec.job_id} rank {spec.rank}")
         if spec.node not in self._nodes:
             raise ExecutorError(f"no node {spec.node!r}")
+        if not Path(spec.cwd).is_dir():  # as the real executors refuse it
+            raise ExecutorError(f"working_dir {spec.cwd!r} does not exist")
         self._next_pid += 1
         handle = ReplicaHandle(self._next_pid, self._next_pid * 10, spec.run_dir, spec.rank)
         self.replicas[handle.pid] = FakeReplica(

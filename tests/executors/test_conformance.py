@@ -194,9 +194,7 @@ def test_launch_group_of_two(kit: Kit) -> None:
     assert [until_done(ex, h).exit_code for h in hs] == [0, 0]
 
 
-def test_a_missing_working_dir_is_a_clear_error(kit: Kit, request: pytest.FixtureRequest) -> None:
-    if kit.name == "fake":  # a known gap of the fake (it does not look at cwd): see report
-        request.applymarker(pytest.mark.xfail(strict=True, reason="FakeExecutor skips cwd"))
+def test_a_missing_working_dir_is_a_clear_error(kit: Kit) -> None:
     ex = kit.make()
     s = spec(kit)
     missing = str(kit.root / "jobs" / "gone")
