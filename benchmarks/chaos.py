@@ -120,7 +120,7 @@ def training_process(root: int) -> int | None:
 def server_supports(flag: str) -> bool:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
-        [sys.executable, "-m", "coadapt.controller", "server", "--help"],
+        [sys.executable, "-m", "coadapt.cli", "server", "--help"],
         capture_output=True,
         text=True,
         env=env,

@@ -5,7 +5,7 @@
 launcher's ``launch`` (:mod:`coadapt.train.launch`); :mod:`~.output` holds what the client
 commands share. Each module registers its sub-commands (``add_parser(s)(subparsers)`` setting
 ``func``); this module only assembles them. The CLI sits on top of everything: nothing in the
-package imports it (``python -m coadapt.controller`` is an entry point, not an import).
+package imports it (``python -m coadapt.cli`` runs it).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def running_controller(
     cmd = [
         sys.executable,
         "-m",
-        "coadapt.controller",
+        "coadapt.cli",
         "server",
         "--state-dir",
         str(state_dir),

@@ -31,7 +31,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
 
 
 class LiveController:
-    """``python -m coadapt.controller server`` with a temp SQLite DB and real replicas."""
+    """``python -m coadapt.cli server`` with a temp SQLite DB and real replicas."""
 
     def __init__(
         self,
@@ -53,7 +53,7 @@ class LiveController:
         argv = [
             sys.executable,
             "-m",
-            "coadapt.controller",
+            "coadapt.cli",
             "server",
             "--state-dir",
             str(self.state_dir),
@@ -125,7 +125,7 @@ class LiveController:
                 pass
 
     def cli(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "coadapt.controller", *args]
+        argv = [sys.executable, "-m", "coadapt.cli", *args]
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),

@@ -104,7 +104,7 @@ def test_wait_rides_out_a_controller_kill9_and_restart(
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COADAPT_SERVER": live.url,
            "COADAPT_TOKEN": live.token}  # fmt: skip
     waiter = subprocess.Popen(
-        [sys.executable, "-m", "coadapt.controller", "wait", job, "--timeout", "90"],
+        [sys.executable, "-m", "coadapt.cli", "wait", job, "--timeout", "90"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -259,7 +259,7 @@ def check_cli(work: Path, address: str) -> None:
     argv = [
         sys.executable,
         "-m",
-        "coadapt.controller",
+        "coadapt.cli",
         "server",
         "--state-dir",
         str(state),
