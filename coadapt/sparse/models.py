@@ -162,8 +162,9 @@ class FactorizationMachine(nn.Module):
         return lin + _fm_interaction(self.factors(cats))
 
 
-class DeepFM(nn.Module):
-    """DeepFM (``fm=True``) or Wide&Deep (``fm=False``): wide/FM part + an MLP over embeddings."""
+class DeepFM(FactorizationMachine):
+    """DeepFM (``fm=True``) or Wide&Deep (``fm=False``): the FM's wide part (and its pairwise
+    term with ``fm``) + an MLP over the same embeddings and the dense features."""
 
     def __init__(
         self,
@@ -176,30 +177,13 @@ class DeepFM(nn.Module):
         prefix: str = "dfm_",
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(dim, store, optimizer, hparams, prefix, seed)
         self.fm = fm
-        self.linear = SparseEmbeddingCollection(
-            field_names(prefix + "w"),
-            1,
-            store=store,
-            optimizer=optimizer,
-            hparams=hparams,
-            seed=seed,
-        )
-        self.factors = SparseEmbeddingCollection(
-            field_names(prefix + "v"),
-            dim,
-            store=store,
-            optimizer=optimizer,
-            hparams=hparams,
-            seed=seed + 1,
-        )
-        self.dense_linear = nn.Linear(N_DENSE, 1)
         self.deep = nn.Sequential(mlp([N_CAT * dim + N_DENSE, *hidden]), nn.Linear(hidden[-1], 1))
 
     def forward(self, dense: torch.Tensor, cats: torch.Tensor) -> torch.Tensor:
         v = self.factors(cats)
-        out = self.dense_linear(dense).squeeze(1) + self.linear(cats).sum(dim=(1, 2))
+        out = self.dense(dense).squeeze(1) + self.linear(cats).sum(dim=(1, 2))
         if self.fm:
             out = out + _fm_interaction(v)
         deep_in = torch.cat([v.flatten(1), dense], dim=1)

@@ -42,6 +42,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 # Imported before any fork so children find them in sys.modules.
@@ -231,20 +232,10 @@ class Zygote:
             raise ZygoteProtocolError(f"unknown request {op!r}")
 
     def _reap(self) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                self.children.clear()
-                return
-            if pid == 0:
-                return
+        for pid, code in _reaped(self.children):
             self.children.discard(pid)
             with contextlib.suppress(OSError):
-                send(
-                    self.sock,
-                    {"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)},
-                )
+                send(self.sock, {"event": "exit", "pid": pid, "code": code})
 
     def _finish(self) -> int:
         """The launcher is gone: do not leave replicas behind."""
@@ -257,6 +248,20 @@ class Zygote:
                 self._reap()
                 time.sleep(0.01)
         return 0
+
+
+def _reaped(live: set[int] | dict[int, int]) -> Iterator[tuple[int, int]]:
+    """(pid, exit code) of each child that has ended, without blocking, while ``live`` (the
+    server's record of its children) is not empty; no child left at all empties it."""
+    while live:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            live.clear()
+            return
+        if pid == 0:
+            return
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 def _die_with_parent() -> None:
@@ -380,22 +385,11 @@ class ZygoteServer:
                 self.owner[pid] = -1  # reaped later; nobody to report to
 
     def _reap(self) -> None:
-        while self.owner:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                self.owner.clear()
-                return
-            if pid == 0:
-                return
-            fd = self.owner.pop(pid, -1)
-            conn = self.conns.get(fd)
+        for pid, code in _reaped(self.owner):
+            conn = self.conns.get(self.owner.pop(pid, -1))
             if conn is not None:
                 with contextlib.suppress(OSError):
-                    send(
-                        conn,
-                        {"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)},
-                    )
+                    send(conn, {"event": "exit", "pid": pid, "code": code})
 
 
 def listen(path: str) -> socket.socket:
