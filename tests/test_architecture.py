@@ -125,3 +125,19 @@ def test_the_module_graph_has_no_cycle() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+#: The modules that may open database sessions; everything else reads and writes through
+#: :class:`coadapt.controller.store.Store` (or tuning's ``TuneStore`` on top of it).
+SESSION_OWNERS = {"coadapt.controller.store", "coadapt.controller.db", "coadapt.tune.store"}
+
+
+def test_only_the_stores_open_database_sessions() -> None:
+    opened = set()
+    for name, path in MODS.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "sqlalchemy.orm":
+                if any(a.name in ("Session", "sessionmaker") for a in node.names):
+                    opened.add(name)
+    assert opened - SESSION_OWNERS == set(), "go through the Store instead"
+    assert "coadapt.controller.store" in opened  # the scan sees the one that must be there

@@ -58,7 +58,7 @@ from coadapt.controller.openapi import json_body as body_schema
 from coadapt.controller.prom import metrics_registry
 from coadapt.controller.snapshot import speedup
 from coadapt.controller.spec import JobSpec, parse_spec
-from coadapt.controller.states import JobState, check_transition
+from coadapt.controller.states import ACTIVE, JobState, check_transition
 from coadapt.controller.store import Job, Store, Tenant
 from coadapt.protocol import (
     BatchRecord,
@@ -312,7 +312,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             job_id,
             ctx.clock(),
             state=JobState.CANCELLED,
-            expect=(JobState.PENDING, JobState.RUNNING, JobState.RESCALING),
+            expect=ACTIVE,
             reason=f"cancelled by {me.name}",
             desired_replicas=0,
             cancel_cause=CancelCause.USER,
@@ -423,9 +423,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         used = sum(len(v) for v in slots_of.values())
         nodes = ctx.nodes()
         tn = names()
-        active = store.list_jobs(
-            me, states=(JobState.PENDING, JobState.RUNNING, JobState.RESCALING)
-        )
+        active = store.list_jobs(me, states=ACTIVE)
         jobs = []
         for job in active:
             view = job_view(job, tn)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
@@ -586,8 +586,18 @@ class Store:
     def add_metric(
         self, job_id: str, name: str, value: float | None, step: int | None, now: float
     ) -> None:
+        self.add_metrics(job_id, {name: value}, step, now)
+
+    def add_metrics(
+        self, job_id: str, values: Mapping[str, float | None], step: int | None, now: float
+    ) -> None:
+        """Several named values of one step in one transaction (a record's figures land
+        together or not at all)."""
         with self.transaction() as s:
-            s.add(MetricRow(job_id=job_id, time=now, name=name[:64], value=value, step=step))
+            s.add_all(
+                MetricRow(job_id=job_id, time=now, name=name[:64], value=value, step=step)
+                for name, value in values.items()
+            )
 
     def metrics(self, job_id: str) -> list[Metric]:
         q = select(MetricRow).where(MetricRow.job_id == job_id).order_by(MetricRow.id)

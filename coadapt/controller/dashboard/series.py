@@ -12,11 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
-
-from coadapt.controller.errors import StorageError
-from coadapt.controller.models import MetricRow
 from coadapt.controller.store import Store
 from coadapt.protocol import GoodputRecord, MetricRecord, ProgressRecord
 
@@ -56,17 +51,7 @@ def record_series(store: Store, job_id: str, record: MetricRecord, now: float) -
     if not fields:
         return
     step = getattr(record, "step", None)
-    rows = []
-    for key, name in fields.items():
-        value = _value(getattr(record, key))
-        if value is not None:
-            rows.append(
-                MetricRow(job_id=job_id, time=now, name=PREFIX + name, value=value, step=step)
-            )
-    if not rows:
-        return
-    try:
-        with Session(store.engine) as s, s.begin():
-            s.add_all(rows)
-    except OperationalError as exc:
-        raise StorageError(f"database error: {exc.orig}") from exc
+    values = {PREFIX + name: _value(getattr(record, key)) for key, name in fields.items()}
+    present = {name: value for name, value in values.items() if value is not None}
+    if present:
+        store.add_metrics(job_id, present, step, now)
