@@ -1,59 +1,50 @@
-"""The ``coadapt`` command: the one CLI package, one module per feature's sub-commands.
+"""The ``coadapt`` command: the one CLI package, on Typer (click) with rich help and tables.
 
-:mod:`~coadapt.cli.controller` (``server``, ``submit``, ``ls``, ...), :mod:`~.tune`
-(``tune ...``), :mod:`~.sim` (``simulate``), :mod:`~.demo` (``demo``) and the training
-launcher's ``launch`` (:mod:`coadapt.train.launch`); :mod:`~.output` holds what the client
-commands share. Each module registers its sub-commands (``add_parser(s)(subparsers)`` setting
-``func``); this module only assembles them. The CLI sits on top of everything: nothing in the
-package imports it (``python -m coadapt.cli`` runs it).
+:mod:`~coadapt.cli.app` is the root command and the list of sub-commands; each feature
+module owns its commands: :mod:`~.controller` (``server``, ``submit``, ``ls``, ...),
+:mod:`~.tune` (``tune ...``), :mod:`~.sim` (``simulate``), :mod:`~.demo` (``demo``) and
+:mod:`~.run_local` (``run-local``); :mod:`~.output` holds what the client commands share.
+The CLI sits on top of everything: nothing in the package imports it (``python -m
+coadapt.cli`` runs it).
+
+:func:`main` is the programmatic entry (tests call it) and the console script: it returns
+the exit status instead of raising ``SystemExit``, and turns a usage error (unknown option,
+bad value) into one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from collections.abc import Sequence
 
-from coadapt import __version__
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="coadapt",
-        description="Goodput-optimised, co-adaptive scheduling and elastic training for "
-        "deep learning.",
-    )
-    parser.add_argument("--version", action="version", version=f"coadapt {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # Imported here, not at the top: ``coadapt --help`` should not pay for NumPy or FastAPI.
-    from coadapt.cli import controller, demo, sim, tune
-    from coadapt.train import launch
-
-    sim.add_parser(sub)
-    launch.add_parser(sub)
-    controller.add_parsers(sub)
-    tune.add_parsers(sub)
-    demo.add_parser(sub)
-    return parser
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help(sys.stderr)
-        return 2
+    """Run ``coadapt`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    import typer
+
+    from coadapt.cli.app import app
+
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return int(func(args))
-    except KeyboardInterrupt:
-        print("coadapt: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `coadapt ls | head`: the reader left; not an error of ours
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush is silent
-        return 0
+        code = command.main(args=args, prog_name="coadapt", standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors (exit 2) and the like
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+            print(_one_line(exc), file=sys.stderr)
+        return int(exc.exit_code)
+    except typer.Abort:
+        print("coadapt: aborted", file=sys.stderr)
+        return 1
+    return int(code or 0)
+
+
+def _one_line(exc: Exception) -> str:
+    """``coadapt ls: error: No such option: --bogus (see `coadapt ls --help`)``."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "coadapt"
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    hint = f" (see `{where} --help`)" if ctx is not None else ""
+    return f"{where}: error: {message}{hint}"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,52 +10,56 @@ tiresias and optimus.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
-from coadapt.cli.output import missing_extra
+import typer
 
+from coadapt.cli.output import EXIT_INPUT, missing_extra
 
-def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="run real jobs on a local controller (or --simulation: replay a trace)"
-    )
-    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder")
-    parser.add_argument("--slots", type=int, default=4, help="CPU slots of the live demo")
-    parser.add_argument("--policy", default="pollux", help="scheduling policy (live demo)")
-    parser.add_argument(
-        "--simulation",
-        action="store_true",
-        help="replay a bundled workload with pollux, tiresias and optimus instead",
-    )
-    parser.add_argument("--workload", default="pollux-6", help="bundled name or CSV path")
-    parser.add_argument("--cluster", default="16x4", help="NODESxGPUS (default 16x4)")
-    parser.set_defaults(func=run)
+app = typer.Typer(add_completion=False)
 
 
-def run(args: argparse.Namespace) -> int:
-    out: Path = args.out
+@app.command("demo")
+def demo(
+    out: Annotated[Path, typer.Option(metavar="DIR", help="output folder")] = Path("demo-out"),
+    slots: Annotated[int, typer.Option(min=1, help="CPU slots of the live demo")] = 4,
+    policy: Annotated[str, typer.Option(help="scheduling policy (live demo)")] = "pollux",
+    simulation: Annotated[
+        bool,
+        typer.Option(
+            "--simulation", help="replay a bundled workload with pollux, tiresias and optimus"
+        ),
+    ] = False,
+    workload: Annotated[
+        str, typer.Option(metavar="NAME|FILE", help="bundled name or CSV (--simulation)")
+    ] = "pollux-6",
+    cluster: Annotated[
+        str, typer.Option(metavar="NODESxGPUS", help="cluster shape (--simulation)")
+    ] = "16x4",
+) -> int:
+    """Run real training jobs on a local controller and report what Pollux did (or, with
+    --simulation, replay a trace in the simulator)."""
     out.mkdir(parents=True, exist_ok=True)
-    if not args.simulation:
+    if not simulation:
         if why := missing_extra(("torch", "sklearn", "matplotlib"), "train", "the live demo"):
             print(f"coadapt demo: {why}; `coadapt demo --simulation` runs without them")
-            return 2
+            return EXIT_INPUT
         from coadapt.controller.demo import run_live_demo
 
-        return run_live_demo(out, slots=args.slots, policy=args.policy)
+        return run_live_demo(out, slots=slots, policy=policy)
     from coadapt.cli import sim
+    from coadapt.sim.engine import SimConfig
 
-    argv = ["simulate", "--workload", args.workload, "--cluster", args.cluster]
-    argv += ["--policy", "pollux", "--policy", "tiresias", "--policy", "optimus"]
-    argv += ["--json", str(out / "simulation.json")]
     no_plot = missing_extra(("matplotlib",), "train", "the plot")
-    if no_plot is None:
-        argv += ["--plot", str(out / "simulation.png")]
-    parser = argparse.ArgumentParser(prog="coadapt")
-    sim.add_parser(parser.add_subparsers())
-    sim_args = parser.parse_args(argv)
-    code = int(sim_args.func(sim_args))
+    code = sim.run(
+        workload,
+        cluster,
+        ["pollux", "tiresias", "optimus"],
+        SimConfig(),
+        json_out=out / "simulation.json",
+        plot_out=out / "simulation.png" if no_plot is None else None,
+    )
     if code == 0:
         plot = f"plot: {out / 'simulation.png'}" if no_plot is None else f"no plot ({no_plot})"
         print(f"results: {out / 'simulation.json'}  {plot}")

@@ -6,13 +6,15 @@ line naming the culprit and the accepted forms and exit with status 2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
-from coadapt.cli.output import missing_extra
+import typer
+
+from coadapt.cli.output import EXIT_INPUT, missing_extra
 from coadapt.policies import POLICY_NAMES, make_policy
 from coadapt.sim.cluster import parse_cluster
 from coadapt.sim.engine import SimConfig, simulate
@@ -20,54 +22,59 @@ from coadapt.sim.errors import SimInputError, SimulationError
 from coadapt.sim.metrics import PolicySummary, summarise
 from coadapt.sim.workload import BUNDLED_WORKLOADS, load_workload
 
-EXIT_INPUT_ERROR = 2
+app = typer.Typer(add_completion=False)
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``simulate`` on the ``coadapt`` command."""
-    parser = subparsers.add_parser(
-        "simulate",
-        help="replay a workload on a simulated cluster under one or more policies",
-        description="Trace-driven simulation of a GPU cluster (Pollux OSDI'21 traces). "
-        f"Bundled workloads: {', '.join(BUNDLED_WORKLOADS)}.",
-    )
-    parser.add_argument(
-        "--workload",
-        required=True,
-        metavar="NAME|FILE",
-        help="bundled workload name or CSV (name,time,application,num_replicas,batch_size)",
-    )
-    parser.add_argument(
-        "--cluster", default="16x4", metavar="NODESxGPUS", help="cluster shape (default: 16x4)"
-    )
-    parser.add_argument(
-        "--policy",
-        action="append",
-        dest="policies",
-        metavar="NAME",
-        help=f"policy to run, repeatable; one of {', '.join(POLICY_NAMES)} (default: pollux)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the policies' randomness")
-    parser.add_argument(
-        "--interval", type=float, default=60.0, help="scheduling interval in seconds (default: 60)"
-    )
-    parser.add_argument(
-        "--restart-delay",
-        type=float,
-        default=30.0,
-        help="seconds a re-allocation costs a job (default: 30)",
-    )
-    parser.add_argument(
-        "--interference",
-        type=float,
-        default=0.0,
-        help="slowdown of distributed jobs sharing a node (default: 0)",
-    )
-    parser.add_argument("--json", type=Path, metavar="OUT", help="write per-policy results")
-    parser.add_argument(
-        "--plot", type=Path, metavar="OUT.png", help="plot JCT CDFs and GPU utilisation"
-    )
-    parser.set_defaults(func=run)
+@app.command(
+    "simulate",
+    help="Trace-driven simulation of a GPU cluster (Pollux OSDI'21 traces): replay a workload "
+    "under one or more policies and compare their job completion times. "
+    f"Bundled workloads: {', '.join(BUNDLED_WORKLOADS)}.",
+)
+def simulate_command(
+    workload: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME|FILE",
+            show_default=False,
+            help="bundled workload name or CSV (name,time,application,num_replicas,batch_size)",
+        ),
+    ],
+    cluster: Annotated[str, typer.Option(metavar="NODESxGPUS", help="cluster shape")] = "16x4",
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            show_default=False,
+            help=f"policy to run, repeatable; one of {', '.join(POLICY_NAMES)} (default: pollux)",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the policies' randomness")] = 0,
+    interval: Annotated[float, typer.Option(metavar="SECONDS", help="scheduling interval")] = 60.0,
+    restart_delay: Annotated[
+        float, typer.Option(metavar="SECONDS", help="what a re-allocation costs a job")
+    ] = 30.0,
+    interference: Annotated[
+        float, typer.Option(help="slowdown of distributed jobs sharing a node")
+    ] = 0.0,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", metavar="OUT", show_default=False, help="write per-policy results"),
+    ] = None,
+    plot_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot", metavar="OUT.png", show_default=False, help="plot JCT CDFs and GPU use"
+        ),
+    ] = None,
+) -> int:
+    try:
+        config = SimConfig(
+            interval=interval, restart_delay=restart_delay, interference=interference, seed=seed
+        )
+    except SimInputError as exc:
+        return _input_error(exc)
+    return run(workload, cluster, policy, config, json_out=json_out, plot_out=plot_out)
 
 
 def _policy_names(names: list[str] | None) -> list[str]:
@@ -80,19 +87,15 @@ def _policy_names(names: list[str] | None) -> list[str]:
     return chosen
 
 
-def _simulate_all(args: argparse.Namespace) -> list[PolicySummary]:
+def _simulate_all(
+    workload_spec: str, cluster_spec: str, policies: list[str] | None, config: SimConfig
+) -> list[PolicySummary]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-    names = _policy_names(args.policies)
-    workload = load_workload(args.workload)
-    cluster = parse_cluster(args.cluster)
-    config = SimConfig(
-        interval=args.interval,
-        restart_delay=args.restart_delay,
-        interference=args.interference,
-        seed=args.seed,
-    )
+    names = _policy_names(policies)
+    workload = load_workload(workload_spec)
+    cluster = parse_cluster(cluster_spec)
     summaries: list[PolicySummary] = []
     console = Console(stderr=True)
     with Progress(
@@ -178,23 +181,36 @@ def plot(summaries: list[PolicySummary], out: Path) -> None:
     plt.close(fig)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``coadapt simulate``; returns the exit status."""
-    if args.plot is not None and (why := missing_extra(("matplotlib",), "train", "--plot")):
+def _input_error(exc: SimInputError) -> int:
+    print(f"coadapt simulate: error: {exc}", file=sys.stderr)
+    return EXIT_INPUT
+
+
+def run(
+    workload: str,
+    cluster: str,
+    policies: list[str] | None,
+    config: SimConfig,
+    *,
+    json_out: Path | None = None,
+    plot_out: Path | None = None,
+) -> int:
+    """Simulate, print the comparison table, write the JSON and plot; returns the exit status
+    (``coadapt demo --simulation`` calls it too)."""
+    if plot_out is not None and (why := missing_extra(("matplotlib",), "train", "--plot")):
         print(f"coadapt simulate: error: {why}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+        return EXIT_INPUT
     try:
-        summaries = _simulate_all(args)
+        summaries = _simulate_all(workload, cluster, policies, config)
     except SimInputError as exc:
-        print(f"coadapt simulate: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+        return _input_error(exc)
     except SimulationError as exc:
         print(f"coadapt simulate: simulation failed: {exc}", file=sys.stderr)
         return 1
     _print_table(summaries)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([s.to_json() for s in summaries], indent=1) + "\n")
-    if args.plot is not None:
-        plot(summaries, args.plot)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps([s.to_json() for s in summaries], indent=1) + "\n")
+    if plot_out is not None:
+        plot(summaries, plot_out)
     return 0

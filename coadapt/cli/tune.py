@@ -8,50 +8,101 @@ before anything is sent), 3 controller unreachable.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from coadapt.cli.output import fmt, missing_extra, run_client, table
-from coadapt.controller.client import Client
+import typer
+
+from coadapt.cli.output import (
+    EXIT_INPUT,
+    JsonOpt,
+    OutputOpt,
+    RetryOpt,
+    ServerOpt,
+    StateDirOpt,
+    Target,
+    TokenOpt,
+    fmt,
+    missing_extra,
+    print_json,
+    run_client,
+    table,
+    wants_json,
+)
+from coadapt.controller.client import DEFAULT_RETRY_S, Client
+
+app = typer.Typer(add_completion=False)
+tune_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Multi-tenant hyper-parameter tuning experiments on the controller.",
+)
+app.add_typer(tune_app, name="tune")
+
+ExperimentsArg = Annotated[list[str], typer.Argument(metavar="EXP...", show_default=False)]
 
 
-def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+@tune_app.command("submit")
+def submit(
+    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="experiment spec files")],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    retry: RetryOpt = DEFAULT_RETRY_S,
+) -> int:
+    """Submit experiment specs (YAML/JSON); prints each new experiment's id.
+
+    A bad spec is rejected before anything is sent, naming each field (exit 2)."""
     from coadapt.tune.spec import load_experiment_file
 
-    for path in args.files:
-        spec = load_experiment_file(path)  # SpecError -> exit 2, naming the fields
-        out = client.request("POST", "/api/v1/experiments", json=spec.model_dump(mode="json"))
-        print(out["experiment"]["id"])
-    return 0
-
-
-def cmd_ls(client: Client, args: argparse.Namespace) -> int:
-    exps = client.request("GET", "/api/v1/experiments")["experiments"]
-    if args.json:
-        print(json.dumps(exps, indent=2))
+    def go(client: Client) -> int:
+        for path in files:
+            spec = load_experiment_file(path)  # SpecError -> exit 2, naming the fields
+            body = spec.model_dump(mode="json")
+            out = client.request("POST", "/api/v1/experiments", json=body)
+            print(out["experiment"]["id"])
         return 0
-    rows = [
-        [
-            e["id"],
-            e["name"],
-            e["tenant"],
-            e["state"],
-            str(e["n_trials"]),
-            str(e["n_running"]),
-            f"{e['objective']['metric']} ({e['objective']['direction'][:3]})",
-            fmt(e["best_value"], 4),
-            fmt(e["target"], 4),
+
+    return run_client(Target(server, token, state_dir, retry), go)
+
+
+@tune_app.command("ls")
+def ls(
+    json_: JsonOpt = False,
+    output: OutputOpt = "table",
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    retry: RetryOpt = DEFAULT_RETRY_S,
+) -> int:
+    """List experiments: state, trials, objective, best value and target."""
+
+    def go(client: Client) -> int:
+        exps = client.request("GET", "/api/v1/experiments")["experiments"]
+        if wants_json(output, json_):
+            print_json(exps)
+            return 0
+        rows = [
+            [
+                e["id"],
+                e["name"],
+                e["tenant"],
+                e["state"],
+                str(e["n_trials"]),
+                str(e["n_running"]),
+                f"{e['objective']['metric']} ({e['objective']['direction'][:3]})",
+                fmt(e["best_value"], 4),
+                fmt(e["target"], 4),
+            ]
+            for e in exps
         ]
-        for e in exps
-    ]
-    table(
-        rows, ["ID", "NAME", "TENANT", "STATE", "TRIALS", "RUNNING", "OBJECTIVE", "BEST", "TARGET"]
-    )
-    return 0
+        header = ["ID", "NAME", "TENANT", "STATE", "TRIALS", "RUNNING", "OBJECTIVE", "BEST"]
+        table(rows, [*header, "TARGET"])
+        return 0
+
+    return run_client(Target(server, token, state_dir, retry), go)
 
 
 def _params(p: dict[str, Any]) -> str:
@@ -66,48 +117,74 @@ def _peak(curve: list[list[float]], direction: str) -> float | None:
     return max(values) if direction == "maximize" else min(values)
 
 
-def cmd_show(client: Client, args: argparse.Namespace) -> int:
-    data = client.request("GET", f"/api/v1/experiments/{args.experiment}")
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        e = data["experiment"]
-        obj = e["objective"]
-        print(f"{e['id']}  {e['name']}  ({e['tenant']})  {e['state']}")
-        print(f"  objective: {obj['direction']} {obj['metric']}, target {fmt(e['target'], 4)}")
-        print(
-            f"  best so far: {fmt(e['best_value'], 4)} (trial #{fmt(e['best_trial'])}; the best"
-            " value reported at any step, PEAK below; VALUE is a trial's final report)"
-        )
-        print(
-            f"  trials: {e['n_trials']} ({e['n_running']} running); sampler {e['sampler']}, "
-            f"parallelism {e['parallelism']}"
-        )
-        if e.get("policy_note"):
-            print(f"  scheduler: {e['policy_note']}")
-        if e.get("reason"):
-            print(f"  reason: {e['reason']}")
-        rows = [
-            [
-                str(t["number"]),
-                t["state"],
-                fmt(t["value"], 4),
-                fmt(_peak(t["curve"], obj["direction"]), 4),
-                str(len(t["curve"])),
-                str(t["attempts"]),
-                t["job_id"] or "-",
-                _params(t["params"]),
-            ]
-            for t in data["trials"]
+@tune_app.command("show")
+def show(
+    experiment: Annotated[str, typer.Argument(metavar="EXP", help="experiment id")],
+    json_: JsonOpt = False,
+    output: OutputOpt = "table",
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="OUT.png",
+            show_default=False,
+            help="write best value over time and the trials' curves (needs matplotlib)",
+        ),
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    retry: RetryOpt = DEFAULT_RETRY_S,
+) -> int:
+    """Show an experiment: its trials, the best value so far, optionally a PNG."""
+
+    def go(client: Client) -> int:
+        data = client.request("GET", f"/api/v1/experiments/{experiment}")
+        if wants_json(output, json_):
+            print_json(data)
+        else:
+            _print_experiment(data)
+        if plot is not None:
+            if why := missing_extra(("matplotlib",), "train", "--plot"):
+                print(f"coadapt: {why}", file=sys.stderr)
+                return EXIT_INPUT
+            plot_experiment(data, plot)
+            print(f"wrote {plot}", file=sys.stderr)
+        return 0
+
+    return run_client(Target(server, token, state_dir, retry), go)
+
+
+def _print_experiment(data: dict[str, Any]) -> None:
+    e = data["experiment"]
+    obj = e["objective"]
+    print(f"{e['id']}  {e['name']}  ({e['tenant']})  {e['state']}")
+    print(f"  objective: {obj['direction']} {obj['metric']}, target {fmt(e['target'], 4)}")
+    print(
+        f"  best so far: {fmt(e['best_value'], 4)} (trial #{fmt(e['best_trial'])}; the best"
+        " value reported at any step, PEAK below; VALUE is a trial's final report)"
+    )
+    print(
+        f"  trials: {e['n_trials']} ({e['n_running']} running); sampler {e['sampler']}, "
+        f"parallelism {e['parallelism']}"
+    )
+    if e.get("policy_note"):
+        print(f"  scheduler: {e['policy_note']}")
+    if e.get("reason"):
+        print(f"  reason: {e['reason']}")
+    rows = [
+        [
+            str(t["number"]),
+            t["state"],
+            fmt(t["value"], 4),
+            fmt(_peak(t["curve"], obj["direction"]), 4),
+            str(len(t["curve"])),
+            str(t["attempts"]),
+            t["job_id"] or "-",
+            _params(t["params"]),
         ]
-        table(rows, ["#", "STATE", "VALUE", "PEAK", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
-    if args.plot:
-        if why := missing_extra(("matplotlib",), "train", "--plot"):
-            print(f"coadapt: {why}", file=sys.stderr)
-            return 2
-        plot_experiment(data, Path(args.plot))
-        print(f"wrote {args.plot}", file=sys.stderr)
-    return 0
+        for t in data["trials"]
+    ]
+    table(rows, ["#", "STATE", "VALUE", "PEAK", "STEPS", "ATTEMPTS", "JOB", "PARAMS"])
 
 
 def plot_experiment(data: dict[str, Any], out: Path) -> None:
@@ -159,41 +236,20 @@ def plot_experiment(data: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
-def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
-    for exp_id in args.experiments:
-        out = client.request("POST", f"/api/v1/experiments/{exp_id}/cancel")
-        print(f"{out['experiment']['id']} {out['experiment']['state']}")
-    return 0
+@tune_app.command("cancel")
+def cancel(
+    experiments: ExperimentsArg,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    retry: RetryOpt = DEFAULT_RETRY_S,
+) -> int:
+    """Cancel experiments; prints each one's id and state (exit 2 if one already ended)."""
 
+    def go(client: Client) -> int:
+        for exp_id in experiments:
+            out = client.request("POST", f"/api/v1/experiments/{exp_id}/cancel")
+            print(f"{out['experiment']['id']} {out['experiment']['state']}")
+        return 0
 
-def add_parsers(subparsers: Any) -> None:
-    """Register ``coadapt tune {submit,ls,show,cancel}``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", default=None, help="controller URL")
-    common.add_argument("--token", default=None, help="API token")
-    common.add_argument("--state-dir", default=None, help="local state dir")
-    p = subparsers.add_parser("tune", help="multi-tenant hyper-parameter tuning experiments")
-    sub = p.add_subparsers(dest="tune_command", metavar="ACTION", required=True)
-
-    sp = sub.add_parser("submit", parents=[common], help="submit experiment specs (YAML/JSON)")
-    sp.add_argument("files", nargs="+")
-    sp.set_defaults(func=run_client(cmd_submit))
-
-    sp = sub.add_parser("ls", parents=[common], help="list experiments")
-    sp.add_argument("--json", action="store_true")
-    sp.set_defaults(func=run_client(cmd_ls))
-
-    sp = sub.add_parser("show", parents=[common], help="trials, best so far, optional PNG")
-    sp.add_argument("experiment")
-    sp.add_argument("--json", action="store_true")
-    sp.add_argument(
-        "--plot",
-        default=None,
-        metavar="OUT.png",
-        help="write best value over time and the trials' curves",
-    )
-    sp.set_defaults(func=run_client(cmd_show))
-
-    sp = sub.add_parser("cancel", parents=[common], help="cancel experiments")
-    sp.add_argument("experiments", nargs="+")
-    sp.set_defaults(func=run_client(cmd_cancel))
+    return run_client(Target(server, token, state_dir, retry), go)
