@@ -7,12 +7,16 @@ upgrades from read to write can fail at once with "database is locked" instead o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
@@ -20,6 +24,24 @@ from coadapt.controller.errors import SpecError, StorageError
 
 READ_OPTION = "coadapt_read"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+#: Where the revisions of the one shared database live, one Alembic branch per owner: the
+#: controller's chain (branch ``controller``) and tuning's (branch ``tune``, in the tuning
+#: package beside its tables; its base depends on 0001 for ``tenants``). Alembic must know
+#: every branch whose head is stamped in the version table, or it refuses to run at all, so
+#: every start upgrades them all. This names a directory of revision files, not a module:
+#: the controller never imports or runs tuning code.
+VERSION_LOCATIONS: tuple[Path, ...] = (
+    MIGRATIONS / "versions",
+    MIGRATIONS.parents[1] / "tune" / "migrations" / "versions",
+)
+
+#: Our Alembic version table. Not Alembic's default ``alembic_version``: Optuna's RDBStorage
+#: (tuning's studies, same database) keeps its own schema revision there and reads it with a
+#: call that fails once the table holds one head per branch. Releases before the ``tune``
+#: branch kept our single revision in ``alembic_version``; :func:`migrate` moves it here.
+VERSION_TABLE = "coadapt_alembic_version"
+LEGACY_VERSION_TABLE = "alembic_version"
 
 
 def normalise_url(url: str) -> str:
@@ -74,32 +96,59 @@ def make_engine(url: str) -> Engine:
 def alembic_config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("path_separator", "os")
+    locations = os.pathsep.join(str(p) for p in VERSION_LOCATIONS)
+    cfg.set_main_option("version_locations", locations.replace("%", "%%"))
     return cfg
 
 
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the schema to ``revision`` (idempotent; safe on every start)."""
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def _move_legacy_version(conn: Connection, script: ScriptDirectory) -> None:
+    """Move our revision from ``alembic_version`` (releases before the ``tune`` branch) to
+    :data:`VERSION_TABLE`; Optuna's own revision, if it is there, stays."""
+    inspector = sa.inspect(conn)
+    if inspector.has_table(VERSION_TABLE) or not inspector.has_table(LEGACY_VERSION_TABLE):
+        return
+    legacy = sa.table(LEGACY_VERSION_TABLE, sa.column("version_num", sa.String))
+    known = {rev.revision for rev in script.walk_revisions()}
+    ours = [v for v in conn.execute(sa.select(legacy.c.version_num)).scalars() if v in known]
+    if not ours:
+        return
+    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    for rev in ours:
+        context.stamp(script, rev)
+    conn.execute(legacy.delete().where(legacy.c.version_num.in_(ours)))
+    if conn.execute(sa.select(sa.func.count()).select_from(legacy)).scalar_one() == 0:
+        # Nothing of Optuna's was there: Optuna creates (and stamps) it when it first opens.
+        conn.execute(sa.text(f"DROP TABLE {LEGACY_VERSION_TABLE}"))
+
+
+def migrate(engine: Engine, revision: str = "heads") -> None:
+    """Upgrade the schema to ``revision``: by default the head of every branch (idempotent;
+    safe on every start). A database stamped by an older release is adopted first."""
     cfg = alembic_config()
     try:
         with engine.begin() as conn:
+            _move_legacy_version(conn, _script())
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
     except OperationalError as exc:
         raise StorageError(f"cannot migrate the database: {exc.orig}") from exc
 
 
-def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
+def current_heads(engine: Engine) -> frozenset[str]:
+    """The revisions the database is stamped with (one per branch it has)."""
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return frozenset(context.get_current_heads())
 
 
-def head_revision() -> str:
-    """The newest migration shipped with this version of coadapt."""
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    if head is None:
+def head_revisions() -> frozenset[str]:
+    """The newest migration of each branch shipped with this version of coadapt."""
+    heads = frozenset(_script().get_heads())
+    if not heads:
         raise StorageError("no migrations found (is the package installed completely?)")
-    return head
+    return heads

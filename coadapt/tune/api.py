@@ -87,6 +87,7 @@ def tune_router(
     on_change: Callable[[], None] = lambda: None,
 ) -> APIRouter:
     """The experiment routes; ``auth`` is the app's bearer-token dependency."""
+    from coadapt.tune.samplers import require_sampler
     from coadapt.tune.spec import ExperimentSpec, parse_experiment
 
     router = APIRouter(prefix="/api/v1/experiments", tags=["experiments"])
@@ -107,6 +108,7 @@ def tune_router(
     def submit(me: Auth, spec: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
         """Submit an experiment spec (JSON); 422 names every invalid field."""
         parsed = parse_experiment(spec)
+        require_sampler(parsed.sampler)  # this controller can run it (installed extras)
         exp = tune.create_experiment(me, parsed.name, parsed.model_dump(mode="json"), clock())
         on_change()
         return {"experiment": view(exp)}

@@ -92,26 +92,26 @@ class TuneRunner:
         self.policy = get_policy(policy)
         self.clock = clock
         self.on_change = on_change
-        self._storage = storage
+        self._optuna_db = storage
         self._studies: dict[str, Any] = {}
 
     def close(self) -> None:
         """Release Optuna's connections (the controller's engine is the Store's to close)."""
         self._studies.clear()
-        if self._storage is not None and hasattr(self._storage, "engine"):
-            self._storage.scoped_session.remove()
-            self._storage.engine.dispose()
-        self._storage = None
+        if self._optuna_db is not None and hasattr(self._optuna_db, "engine"):
+            self._optuna_db.scoped_session.remove()
+            self._optuna_db.engine.dispose()
+        self._optuna_db = None
 
     # -- optuna ---------------------------------------------------------------------------
     @property
     def storage(self) -> Any:
-        if self._storage is None:
-            from coadapt.tune.store import optuna_storage
+        if self._optuna_db is None:
+            from coadapt.tune.store import optuna_db
 
             url = self.store.engine.url.render_as_string(hide_password=False)
-            self._storage = optuna_storage(url)
-        return self._storage
+            self._optuna_db = optuna_db(url)
+        return self._optuna_db
 
     def study(self, exp: Experiment, spec: Any) -> Any:
         study = self._studies.get(exp.id)
@@ -135,25 +135,28 @@ class TuneRunner:
         from optuna.trial import TrialState as OS
 
         study = self.study(exp, spec)
-        storage = study._storage
+        db = self.storage  # our own storage object: public methods only
         try:
-            tid = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+            study_id = db.get_study_id_from_name(exp.study_name)
+            tid = db.get_trial_id_from_study_id_trial_number(study_id, number)
         except KeyError:
             return
-        frozen = storage.get_trial(tid)
+        frozen = db.get_trial(tid)
         if frozen.state.is_finished():
             return
         if state in ("COMPLETE", "PRUNED"):
             for point in curve:
                 step = int(point[0])
                 if step not in frozen.intermediate_values:
-                    storage.set_trial_intermediate_value(tid, step, float(point[1]))
+                    db.set_trial_intermediate_value(tid, step, float(point[1]))
+        # skip_if_finished: another process (or a restart of this one) may have told it
+        # between the check above and here.
         if state == "COMPLETE" and value is not None:
-            study.tell(number, value)
+            study.tell(number, value, skip_if_finished=True)
         elif state == "PRUNED":
-            study.tell(number, state=OS.PRUNED)
+            study.tell(number, state=OS.PRUNED, skip_if_finished=True)
         else:
-            study.tell(number, state=OS.FAIL)
+            study.tell(number, state=OS.FAIL, skip_if_finished=True)
 
     # -- jobs -----------------------------------------------------------------------------
     def _cancel_job(self, job_id: str | None, now: float, cause: CancelCause, reason: str) -> None:
@@ -387,12 +390,13 @@ class TuneRunner:
 
         try:
             spec = parse_experiment(exp.spec)
+            # raises SpecError too: a sampler this controller cannot run (a missing extra)
+            study = self.study(exp, spec)
         except SpecError as exc:
             self.tune.update_experiment(
                 exp.id, now, state=ExperimentState.FAILED, reason=f"invalid spec: {exc.message}"
             )
             return None
-        study = self.study(exp, spec)
         trials = self.tune.trials(exp.id)
         known = {t.number for t in trials}
         for ft in study.get_trials(deepcopy=False, states=(OS.RUNNING,)):

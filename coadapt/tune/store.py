@@ -6,7 +6,7 @@ records returned are frozen snapshots, and a tenant only ever sees its own exper
 stranger's experiment is a :class:`NotFoundError`, like a missing one).
 
 The Optuna study of an experiment lives in the same database (Optuna's RDBStorage, tables
-``studies``, ``trials``, ...): :func:`optuna_storage` opens it with the controller's SQLite
+``studies``, ``trials``, ...): :func:`optuna_db` opens it with the controller's SQLite
 discipline (WAL, busy timeout, ``BEGIN IMMEDIATE`` for writes) so the tuning loop, the job
 loop and the API threads never fail each other with "database is locked".
 """
@@ -359,14 +359,14 @@ class TuneStore:
             return _trial(row)
 
 
-def optuna_storage(url: str) -> Any:
+def optuna_db(url: str) -> Any:
     """Optuna's RDBStorage on the controller's database ``url``.
 
-    Call only on a database the controller has migrated (``Store.open``): Optuna then finds
-    ``alembic_version`` filled and does not stamp its own revision over ours; its schema check
-    is skipped because that version table is the controller's. On SQLite the engine gets the
-    controller's pragmas and ``BEGIN IMMEDIATE`` (a deferred read that upgrades to a write
-    would otherwise fail at once while the job loop writes).
+    Optuna keeps its own schema revision in ``alembic_version``; ours is in
+    :data:`coadapt.controller.db.VERSION_TABLE`, so the two never mix and Optuna's own schema
+    check runs (an Optuna upgrade that needs ``optuna storage upgrade`` says so). On SQLite
+    the engine gets the controller's pragmas and ``BEGIN IMMEDIATE`` (a deferred read that
+    upgrades to a write would otherwise fail at once while the job loop writes).
     """
     import optuna
 
@@ -375,12 +375,10 @@ def optuna_storage(url: str) -> Any:
         return optuna.storages.RDBStorage(
             url,
             engine_kwargs={"pool_pre_ping": True, "pool_size": 5, "max_overflow": 5},
-            skip_compatibility_check=True,
         )
     storage = optuna.storages.RDBStorage(
         url,
         engine_kwargs={"connect_args": {"timeout": 30, "check_same_thread": False}},
-        skip_compatibility_check=True,
     )
     engine = storage.engine
 

@@ -3,7 +3,8 @@
 Tuning owns its tables: they are declared here, beside the code that uses them
 (:mod:`coadapt.tune.store`), not among the controller's. They share the controller's
 metadata and database (a trial is an ordinary job; ``tenant_id`` references ``tenants``).
-The schema is created by migration 0003 in :mod:`coadapt.controller.migrations`.
+The schema is created by tuning's own Alembic branch (``tune``, :mod:`coadapt.tune.migrations`),
+whose base depends on the controller's revision 0001 (``tenants``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 from coadapt.controller.models import Base
 
 
-# -- tuning (coadapt.tune; migration 0003). Optuna's own tables ("studies", "trials", ...)
-# live in the same database, hence the ``tune_`` prefix on ours.
+# -- tuning (coadapt.tune; Alembic branch "tune", revision tune_0001). Optuna's own tables
+# ("studies", "trials", ...) live in the same database, hence the ``tune_`` prefix on ours.
 class ExperimentRow(Base):
     __tablename__ = "tune_experiments"
 

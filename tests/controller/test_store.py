@@ -9,7 +9,13 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from coadapt.controller.db import current_revision, head_revision, make_engine, migrate
+from coadapt.controller.db import (
+    VERSION_TABLE,
+    current_heads,
+    head_revisions,
+    make_engine,
+    migrate,
+)
 from coadapt.controller.errors import (
     AuthError,
     ConflictError,
@@ -29,14 +35,15 @@ from tests.controller.conftest import make_spec
 def test_migration_from_empty_database_matches_the_models(db_url: str) -> None:
     engine = make_engine(db_url)
     try:
-        assert current_revision(engine) is None
+        assert current_heads(engine) == frozenset()
         migrate(engine)
         migrate(engine)  # idempotent: a restart migrates again
-        assert current_revision(engine) == head_revision()
+        assert current_heads(engine) == head_revisions()
         with engine.connect() as conn:
             # The tuning tables (coadapt.tune.tables) share the controller's metadata.
             assert tune_tables.TrialRow.metadata is Base.metadata
-            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            diff = compare_metadata(context, Base.metadata)
         assert diff == [], f"models and migrations disagree: {diff}"
     finally:
         engine.dispose()
@@ -62,7 +69,7 @@ def test_upgrade_from_0001_keeps_rows_and_defaults_the_node(db_url: str) -> None
                 " started_at) VALUES ('j1', 1, 0, 0, 'live', '/r', '/l', 0)"
             )
         migrate(engine)
-        assert current_revision(engine) == head_revision()
+        assert current_heads(engine) == head_revisions()
         with engine.connect() as conn:
             node = conn.exec_driver_sql("SELECT node FROM replicas").scalar_one()
             alloc = conn.exec_driver_sql("SELECT allocation FROM jobs").scalar_one()
@@ -102,7 +109,7 @@ def test_upgrade_to_0005_derives_the_cancel_cause_from_old_reasons(db_url: str) 
                     {"id": job_id, "state": state, "reason": reason},
                 )
         migrate(engine)
-        assert current_revision(engine) == head_revision()
+        assert current_heads(engine) == head_revisions()
         with engine.connect() as conn:
             got = dict(conn.exec_driver_sql("SELECT id, cancel_cause FROM jobs").all())
         assert got == {

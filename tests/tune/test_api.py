@@ -3,6 +3,7 @@ tenant isolation and field-naming rejections; plus the CLI's plot and local vali
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,25 @@ def test_bad_specs_are_422_naming_the_field(api: Api, patch: dict[str, Any], fie
     assert api.call("GET", "/api/v1/experiments").json()["experiments"] == []
 
 
+def test_gp_ei_on_a_controller_without_torch_is_422_naming_the_extra(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPSampler needs torch: refused at submission, not failed (or swapped) later."""
+    real = importlib.util.find_spec
+
+    def no_torch(name: str, *args: Any) -> Any:
+        return None if name == "torch" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    r = api.call("POST", "/api/v1/experiments", json=exp_spec(sampler="gp-ei"))
+    assert r.status_code == 422, r.text
+    (detail,) = r.json()["details"]
+    assert detail["field"] == "sampler" and "coadapt[train]" in detail["message"]
+    assert api.call("GET", "/api/v1/experiments").json()["experiments"] == []
+    ok = api.call("POST", "/api/v1/experiments", json=exp_spec(sampler="tpe"))
+    assert ok.status_code == 201, ok.text
+
+
 def test_a_non_mapping_body_is_422(api: Api) -> None:
     r = api.call("POST", "/api/v1/experiments", json=[1, 2])
     assert r.status_code == 422
@@ -132,4 +152,6 @@ def test_cli_plot_and_local_validation(api: Api, tmp_path: Path) -> None:
     bad.write_text("name: x\nspace: {}\nobjective: {metric: acc}\ntrial: {script: t.py}\n")
     # rejected locally (exit 2) before any connection is attempted
     assert main(["tune", "submit", str(bad), "--server", "http://127.0.0.1:9"]) == 2
-    assert main(["tune", "ls", "--server", "http://127.0.0.1:9", "--token", "x"]) == 3
+    assert (
+        main(["tune", "ls", "--server", "http://127.0.0.1:9", "--token", "x", "--retry", "0"]) == 3
+    )

@@ -4,6 +4,7 @@ tested in tests/controller; here the trial jobs' life is played by hand)."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -414,3 +415,22 @@ def test_capacity_follows_nodes_joining_and_leaving(env: Env) -> None:
     env.slots = 4  # a node joined
     env.runner.step()
     assert len(env.tune.trials(exp.id)) == 4
+
+
+def test_a_gp_ei_experiment_on_a_controller_without_torch_fails_naming_the_extra(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accepted before torch went missing (a reinstall): the loop ends it with the reason and
+    starts no trial with another sampler."""
+    exp = env.submit(sampler="gp-ei")
+    real = importlib.util.find_spec
+
+    def no_torch(name: str, *args: Any) -> Any:
+        return None if name == "torch" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    env.runner.step()
+    ended = env.tune.get_experiment(exp.id)
+    assert ended.state is ExperimentState.FAILED
+    assert ended.reason is not None and "needs torch" in ended.reason
+    assert env.tune.trials(exp.id) == []

@@ -1,19 +1,16 @@
-"""Multi-tenant tuning: experiments and their trials (``coadapt.tune``).
+"""Formerly the tuning tables; now an empty step of the controller's chain.
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-22
+Create Date: 2026-11-22 (emptied 2026-11-24)
 
-Tables are prefixed ``tune_`` because Optuna's RDBStorage keeps its own ``studies`` and
-``trials`` tables in the same database (one study per experiment). Optuna is only ever opened
-on a database this chain has migrated: it then finds ``alembic_version`` non-empty and leaves
-it alone (it would otherwise stamp its own revision there).
+The ``tune_*`` tables moved to tuning's own branch (``coadapt/tune/migrations``, revision
+``tune_0001``), so the controller's chain holds no tuning schema. This revision stays, empty,
+because databases are stamped with it (or with 0004/0005 after it): Alembic must still find
+it in the chain. On such a database ``tune_0001`` adopts the tables this revision created.
 """
 
 from __future__ import annotations
-
-import sqlalchemy as sa
-from alembic import op
 
 revision = "0003"
 down_revision = "0002"
@@ -22,53 +19,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "tune_experiments",
-        sa.Column("id", sa.String(40), primary_key=True),
-        sa.Column("tenant_id", sa.String(40), sa.ForeignKey("tenants.id"), nullable=False),
-        sa.Column("name", sa.String(64), nullable=False),
-        sa.Column("spec", sa.JSON(), nullable=False),
-        sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("study_name", sa.String(128), nullable=False),
-        sa.Column("created_at", sa.Float(), nullable=False),
-        sa.Column("updated_at", sa.Float(), nullable=False),
-        sa.Column("finished_at", sa.Float(), nullable=True),
-        sa.Column("best_value", sa.Float(), nullable=True),
-        sa.Column("best_trial", sa.Integer(), nullable=True),
-        sa.Column("target_reached_at", sa.Float(), nullable=True),
-        sa.Column("reason", sa.Text(), nullable=True),
-        sa.Column("policy_state", sa.JSON(), nullable=True),
-        sa.Column("best_history", sa.JSON(), nullable=True),
-    )
-    op.create_index("ix_tune_experiments_tenant_id", "tune_experiments", ["tenant_id"])
-    op.create_index("ix_tune_experiments_state", "tune_experiments", ["state"])
-    op.create_table(
-        "tune_trials",
-        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column(
-            "experiment_id", sa.String(40), sa.ForeignKey("tune_experiments.id"), nullable=False
-        ),
-        sa.Column("number", sa.Integer(), nullable=False),
-        sa.Column("params", sa.JSON(), nullable=False),
-        sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("job_id", sa.String(40), nullable=True),
-        sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.Column("priority", sa.Integer(), nullable=False),
-        sa.Column("value", sa.Float(), nullable=True),
-        sa.Column("curve", sa.JSON(), nullable=True),
-        sa.Column("gpu_seconds", sa.Float(), nullable=False),
-        sa.Column("created_at", sa.Float(), nullable=False),
-        sa.Column("started_at", sa.Float(), nullable=True),
-        sa.Column("ended_at", sa.Float(), nullable=True),
-        sa.Column("last_progress_at", sa.Float(), nullable=True),
-        sa.Column("reason", sa.Text(), nullable=True),
-        sa.UniqueConstraint("experiment_id", "number", name="uq_tune_trials_number"),
-    )
-    op.create_index("ix_tune_trials_experiment_id", "tune_trials", ["experiment_id"])
-    op.create_index("ix_tune_trials_state", "tune_trials", ["state"])
-    op.create_index("ix_tune_trials_job_id", "tune_trials", ["job_id"])
+    pass
 
 
 def downgrade() -> None:
-    op.drop_table("tune_trials")
-    op.drop_table("tune_experiments")
+    pass
