@@ -27,3 +27,33 @@ def proc_state(pid: int) -> str | None:
         return None
     fields = raw[raw.rfind(")") + 2 :].split()
     return fields[0] if fields else None
+
+
+def _status_field(pid: int, name: str) -> list[str]:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == name:
+                return value.split()
+    except OSError:
+        pass
+    return []
+
+
+def child_by_inner_pid(parent: int, inner_pid: int) -> int | None:
+    """The PID, in our namespace, of ``parent``'s child whose PID in its own (innermost)
+    namespace is ``inner_pid`` (the ``NSpid`` line of /proc/PID/status), or None.
+
+    A zygote inside a replica's PID namespace reports the PIDs it sees; the supervisor outside
+    needs the real one to move the replica into its memory cgroup.
+    """
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if _status_field(pid, "PPid") != [str(parent)]:
+            continue
+        nspids = _status_field(pid, "NSpid")
+        if nspids and nspids[-1] == str(inner_pid):
+            return pid
+    return None

@@ -12,11 +12,17 @@ which stays the controller's user and outside any namespace, makes the replica's
 starts the training process through the sandbox launcher, and on exit records whether the
 replica ran out of memory (the cgroup's ``oom_kill`` counter, or exit code ``OOM_EXIT_CODE``).
 
-With ``--zygote SOCKET`` (no sandbox) the training process is forked by the job's warm zygote
+With ``--zygote SOCKET`` the training process is forked by the job's warm zygote
 (:class:`coadapt.train.zygote.ZygoteServer`, torch already imported) instead of started with
 ``exec``: the shim still writes the pid and exit records and forwards SIGTERM/SIGINT (over the
 socket), and the zygote SIGKILLs the replica when this shim's connection closes. If the zygote
 is not there or dies before spawning, the replica starts cold, as without the flag.
+
+With both flags the zygote is the job's *sandboxed* one: it runs inside the job's confinement
+(started by a shim with ``--sandbox CONF --keep-fd N -- python -m coadapt.train.zygote``), so
+what it forks is confined like a cold replica. The shim checks that (the zygote's uid is the
+run-as user's, its PID namespace is not ours), has the child held at fork, moves it (its real
+PID found through ``NSpid``) into this replica's memory cgroup, and only then releases it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -35,7 +42,7 @@ from pathlib import Path
 from types import FrameType
 
 from coadapt.executors import memlimit
-from coadapt.executors._proc import proc_start_ticks
+from coadapt.executors._proc import child_by_inner_pid, proc_start_ticks
 from coadapt.executors.base import OOM_EXIT_CODE
 from coadapt.executors.sandbox import Confinement, SandboxError, enter_pid_namespace
 from coadapt.train.zygote import MAX_MESSAGE, send
@@ -62,15 +69,16 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _confine(
-    conf: Confinement, run_dir: Path, rank: int, cmd: list[str]
-) -> tuple[list[str], Path | None]:
-    """The launcher command line for ``cmd``, and the replica's cgroup (made here)."""
-    cgroup = None
-    if conf.memory is not None:
-        cgroup = memlimit.create(
-            conf.memory, f"{run_dir.parent.parent.name}-{run_dir.name}-r{rank}-{os.getpid()}"
-        )
+def _make_cgroup(conf: Confinement, run_dir: Path, rank: int) -> Path | None:
+    """The replica's own memory cgroup (None: no limit, or RLIMIT_AS)."""
+    if conf.memory is None:
+        return None
+    name = f"{run_dir.parent.parent.name}-{run_dir.name}-r{rank}-{os.getpid()}"
+    return memlimit.create(conf.memory, name)
+
+
+def _confine(conf: Confinement, cgroup: Path | None, cmd: list[str]) -> list[str]:
+    """The launcher command line for ``cmd`` (this process enters the PID namespace)."""
     conf = replace(
         conf,
         cgroup=str(cgroup) if cgroup else None,
@@ -79,7 +87,7 @@ def _confine(
     )
     enter_pid_namespace(conf)
     launcher = [sys.executable, "-m", "coadapt.executors.sandbox", conf.to_json(), "--"]
-    return [*launcher, *cmd], cgroup
+    return [*launcher, *cmd]
 
 
 def _outcome(code: int, cgroup: Path | None, conf: Confinement | None) -> dict[str, object]:
@@ -136,11 +144,71 @@ def _connect_zygote(path: str, timeout_s: float) -> socket.socket:
     return sock
 
 
-def _run_warm(sock: socket.socket, cmd: list[str], early: list[int]) -> int:
+def _check_sandboxed(sock: socket.socket, conf: Confinement) -> int:
+    """The zygote behind ``sock`` is confined as ``conf`` asks; its PID in our namespace."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    if conf.uid is not None and uid != conf.uid:
+        raise _WarmUnavailable(f"the zygote runs as uid {uid}, not the run-as uid {conf.uid}")
+    if conf.namespace:
+        try:
+            theirs = os.readlink(f"/proc/{pid}/ns/pid")
+        except OSError as exc:
+            raise _WarmUnavailable(f"cannot inspect the zygote (pid {pid}): {exc}") from exc
+        if theirs == os.readlink("/proc/self/ns/pid"):
+            raise _WarmUnavailable("the zygote is not in a PID namespace of its own")
+    return pid
+
+
+class _Placement:
+    """Puts a held replica into its memory cgroup, then lets it run (sandboxed zygote)."""
+
+    def __init__(self, sock: socket.socket, conf: Confinement, cgroup: Path | None) -> None:
+        self.zygote = _check_sandboxed(sock, conf)
+        self.cgroup = cgroup  # None: no limit, or RLIMIT_AS (the zygote's, which forks inherit)
+
+    def request(self) -> dict[str, object]:
+        return {"hold": True}
+
+    def place(self, sock: socket.socket, inner_pid: int) -> None:
+        if self.cgroup is not None:
+            host = child_by_inner_pid(self.zygote, inner_pid)
+            if host is None:
+                raise _WarmUnavailable(f"cannot find the forked replica (pid {inner_pid})")
+            try:
+                memlimit.move(self.cgroup, host)
+            except OSError as exc:
+                raise _WarmUnavailable(
+                    f"cannot move the replica into {self.cgroup}: {exc}"
+                ) from exc
+        send(sock, {"op": "release", "pid": inner_pid})
+
+
+def _run_warm(
+    sock: socket.socket,
+    cmd: list[str],
+    early: list[int],
+    conf: Confinement | None = None,
+    cgroup: Path | None = None,
+) -> int:
     """Have the zygote fork ``cmd`` (``python script.py ARGS``); forward signals; its exit code.
 
-    The replica's stdout/stderr is this shim's (the log file), passed over the socket.
+    The replica's stdout/stderr is this shim's (the log file), passed over the socket. With
+    ``conf`` the zygote must be a confined one and the replica is placed in ``cgroup`` before
+    it runs. If the warm start fails before the replica runs, the connection is closed (the
+    zygote kills a held child) and :class:`_WarmUnavailable` says why.
     """
+    try:
+        placement = _Placement(sock, conf, cgroup) if conf is not None else None
+        return _serve_warm(sock, cmd, early, placement)
+    except _WarmUnavailable:
+        sock.close()
+        raise
+
+
+def _serve_warm(
+    sock: socket.socket, cmd: list[str], early: list[int], placement: _Placement | None
+) -> int:
     pid: list[int] = []
     pending: list[int] = early  # signals that came while the zygote was being reached
 
@@ -160,6 +228,7 @@ def _run_warm(sock: socket.socket, cmd: list[str], early: list[int]) -> int:
         "argv": cmd[2:],
         "env": dict(os.environ),
         "cwd": os.getcwd(),
+        **(placement.request() if placement is not None else {}),
     }
     try:
         send(sock, request, [sys.stdout.fileno()])
@@ -175,6 +244,8 @@ def _run_warm(sock: socket.socket, cmd: list[str], early: list[int]) -> int:
             return -int(signal.SIGKILL)
         msg = json.loads(data)
         if msg.get("event") == "spawned":
+            if placement is not None:
+                placement.place(sock, int(msg["pid"]))
             pid.append(int(msg["pid"]))
             for signum in pending:
                 send(sock, {"op": "signal", "pid": pid[0], "signal": signum})
@@ -184,22 +255,54 @@ def _run_warm(sock: socket.socket, cmd: list[str], early: list[int]) -> int:
             raise _WarmUnavailable(str(msg.get("message")))
 
 
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """(device, inode, mtime) of ``path``, or None if it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def _record(run_dir: Path, rank: int, record: dict[str, object]) -> int:
+    _write_atomic(run_dir / f"rank{rank}.exit", json.dumps(record))
+    return int(str(record["code"]))
+
+
 def main(argv: list[str]) -> int:
     conf: Confinement | None = None
     zygote: str | None = None
-    while len(argv) >= 4 and argv[2] in ("--sandbox", "--zygote"):
+    keep_fds: list[int] = []
+    cleanup: list[str] = []
+    detach = False
+    options = ("--sandbox", "--zygote", "--keep-fd", "--cleanup", "--detach")
+    while len(argv) >= 3 and argv[2] in options:
+        if argv[2] == "--detach":  # a long-lived supervisor (a zygote's): nobody reaps it
+            detach = True
+            argv = [*argv[:2], *argv[3:]]
+            continue
+        if len(argv) < 4:
+            break
         if argv[2] == "--sandbox":
             conf = Confinement.from_json(argv[3])
-        else:
+        elif argv[2] == "--zygote":
             zygote = argv[3]
+        elif argv[2] == "--cleanup":  # removed when the process ends (a zygote's socket file)
+            cleanup.append(argv[3])
+        else:
+            keep_fds.append(int(argv[3]))  # inherited by the training process (its socket)
         argv = [*argv[:2], *argv[4:]]
     if len(argv) < 4 or argv[2] != "--":
         print(
             "usage: python -m coadapt.executors._shim RUN_DIR RANK [--sandbox CONF] "
-            "[--zygote SOCKET] -- ARGV...",
+            "[--zygote SOCKET] [--keep-fd N] [--cleanup PATH] [--detach] -- ARGV...",
             file=sys.stderr,
         )
         return 2
+    if detach and os.fork() > 0:
+        os._exit(0)  # the caller's child ends at once; the supervisor goes on, orphaned
+    # Removed at the end only if still the same file (not one bound at that path since).
+    owned = [(path, _identity(path)) for path in cleanup]
     run_dir, rank, cmd = Path(argv[0]), int(argv[1]), argv[3:]
     me = os.getpid()
     _write_atomic(
@@ -214,27 +317,34 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, keep)
     signal.signal(signal.SIGINT, keep)
-    if zygote is not None and conf is None and len(cmd) >= 2:
-        try:
-            sock = _connect_zygote(zygote, ZYGOTE_WAIT_S)
-            code = _run_warm(sock, cmd, pending)
-        except _WarmUnavailable as exc:  # nothing was started: start it cold instead
-            print(f"coadapt: starting cold: {exc}", file=sys.stderr, flush=True)
-        else:
-            record = _outcome(code, None, None)
-            _write_atomic(run_dir / f"rank{rank}.exit", json.dumps(record))
-            return int(str(record["code"]))
     cgroup: Path | None = None
     if conf is not None:
         try:
-            cmd, cgroup = _confine(conf, run_dir, rank, cmd)
-        except (OSError, SandboxError, memlimit.MemoryLimitError) as exc:
+            cgroup = _make_cgroup(conf, run_dir, rank)
+        except (OSError, memlimit.MemoryLimitError) as exc:
             print(f"coadapt: cannot confine the replica: {exc}", file=sys.stderr, flush=True)
-            _write_atomic(
-                run_dir / f"rank{rank}.exit",
-                json.dumps({"code": 126, "reason": f"cannot confine: {exc}"}),
-            )
-            return 126
+            return _record(run_dir, rank, {"code": 126, "reason": f"cannot confine: {exc}"})
+    if zygote is not None and len(cmd) >= 2:
+        try:
+            sock = _connect_zygote(zygote, ZYGOTE_WAIT_S)
+            code = _run_warm(sock, cmd, pending, conf, cgroup)
+        except _WarmUnavailable as exc:  # nothing was started: start it cold instead
+            print(f"coadapt: starting cold: {exc}", file=sys.stderr, flush=True)
+        else:
+            # The zygote reports a signal as a negative code (it is the replica's parent).
+            warm_conf = replace(conf, namespace=False) if conf is not None else None
+            record = _outcome(code, cgroup, warm_conf)
+            if cgroup is not None:
+                memlimit.release(cgroup)
+            return _record(run_dir, rank, record)
+    if conf is not None:
+        try:
+            cmd = _confine(conf, cgroup, cmd)
+        except (OSError, SandboxError) as exc:
+            print(f"coadapt: cannot confine the replica: {exc}", file=sys.stderr, flush=True)
+            if cgroup is not None:
+                memlimit.release(cgroup)
+            return _record(run_dir, rank, {"code": 126, "reason": f"cannot confine: {exc}"})
     children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -247,24 +357,25 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        children.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
+        children.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent, pass_fds=keep_fds))
     except OSError as exc:
         print(f"coadapt: cannot start {cmd[0]!r}: {exc}", file=sys.stderr, flush=True)
         if cgroup is not None:
             memlimit.release(cgroup)
-        _write_atomic(
-            run_dir / f"rank{rank}.exit",
-            json.dumps({"code": 127, "reason": f"cannot start: {exc}"}),
-        )
-        return 127
+        return _record(run_dir, rank, {"code": 127, "reason": f"cannot start: {exc}"})
+    for fd in keep_fds:  # the child has its own copy now
+        os.close(fd)
     child = children[0]
     for signum in pending:
         child.send_signal(signum)
     record = _outcome(child.wait(), cgroup, conf)
     if cgroup is not None:
         memlimit.release(cgroup)
-    _write_atomic(run_dir / f"rank{rank}.exit", json.dumps(record))
-    return int(str(record["code"]))
+    for path, ident in owned:
+        if ident is not None and _identity(path) == ident:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return _record(run_dir, rank, record)
 
 
 if __name__ == "__main__":

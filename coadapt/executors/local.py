@@ -8,6 +8,7 @@ replicas it did not start.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from coadapt.executors.base import (
     ReplicaStatus,
     launch_each,
 )
-from coadapt.executors.sandbox import Isolation
+from coadapt.executors.sandbox import Confinement, Isolation
 from coadapt.protocol import (
     ENV_LOCAL_RANK,
     ENV_MASTER_ADDR,
@@ -45,6 +47,8 @@ from coadapt.protocol import (
 NODE_NAME = "local"
 #: Seconds a job's zygote waits with no replica before it exits (between attempts it waits).
 ZYGOTE_IDLE_S = 60.0
+#: Seconds a sandboxed zygote may take to start listening (within them it is not restarted).
+ZYGOTE_START_S = 30.0
 #: Variables libraries read at import time: replicas differing in them need their own zygote.
 _IMPORT_TIME_ENV = (
     "PYTHONPATH",
@@ -122,9 +126,12 @@ class LocalExecutor:
         # Confinement of every replica (coadapt.executors.sandbox); none by default.
         self.isolation = isolation or Isolation()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        # Fork coadapt.train replicas from a per-job warm zygote (see warm_zygote); a
-        # sandboxed replica always starts cold (its namespaces, user and cgroup are per replica).
+        # Fork coadapt.train replicas from a per-job warm zygote (see warm_zygote); with
+        # isolation the zygote runs inside the job's sandbox, so its forks are confined too.
         self.warm = warm
+        # Sandboxed zygotes this executor started (socket -> monotonic start time): one that
+        # is not listening yet must not be started twice by the next replica of its group.
+        self._zygotes: dict[str, float] = {}
 
     def nodes(self) -> list[NodeInventory]:
         """This machine is the one node, named ``local``."""
@@ -155,15 +162,15 @@ class LocalExecutor:
         log_path = Path(spec.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [self.python, "-m", "coadapt.executors._shim", str(run_dir), str(spec.rank)]
+        conf: Confinement | None = None
         if self.isolation.active:
             tenant = spec.env.get(ENV_TENANT)
             conf = self.isolation.confinement(spec.job_id, tenant, spec.cwd)
             self._hand_over(spec, conf.uid, conf.gid)
             argv += ["--sandbox", conf.to_json()]
-        else:
-            zygote = self.warm_zygote(spec)
-            if zygote is not None:
-                argv += ["--zygote", zygote]
+        zygote = self.warm_zygote(spec, conf)
+        if zygote is not None:
+            argv += ["--zygote", zygote]
         argv += ["--", *spec.argv]
         env = dict(spec.env)
         # The shim itself must import coadapt even when the job's cwd/PYTHONPATH hides it.
@@ -185,15 +192,20 @@ class LocalExecutor:
         self._children[proc.pid] = proc
         return ReplicaHandle(proc.pid, proc_start_ticks(proc.pid), str(run_dir), spec.rank)
 
-    def warm_zygote(self, spec: ReplicaSpec) -> str | None:
+    def warm_zygote(self, spec: ReplicaSpec, conf: Confinement | None = None) -> str | None:
         """The socket of the job's warm zygote, started if needed; None: start cold.
 
         Only a ``python SCRIPT.py ...`` replica whose script imports ``coadapt.train`` goes
         warm (others would pay torch's import for nothing), and not with ``ENV_WARM=0`` in
-        its environment. One zygote per job, interpreter, working directory and import-time
-        environment, found again by its socket path (so a restarted controller reuses it); it
-        exits on its own once idle (no replica) for ``ZYGOTE_IDLE_S``.
+        its environment. One zygote per job, interpreter, working directory, confinement and
+        import-time environment, found again by its socket path (so a restarted controller
+        reuses it); it exits on its own once idle (no replica) for ``ZYGOTE_IDLE_S``. With a
+        confinement ``conf`` the zygote runs inside it (see :meth:`_start_sandboxed_zygote`).
         """
+        now = time.monotonic()
+        for started, since in list(self._zygotes.items()):
+            if now - since > ZYGOTE_START_S:
+                del self._zygotes[started]
         if not self.warm or spec.env.get(ENV_WARM, "1") == "0" or len(spec.argv) < 2:
             return None
         exe, script = spec.argv[0], spec.argv[1]
@@ -207,13 +219,14 @@ class LocalExecutor:
         except OSError:
             return None
         key_env = {k: spec.env.get(k) for k in _IMPORT_TIME_ENV}
+        sandbox = conf.to_json() if conf is not None else None
         key = json.dumps(
-            [str(Path(spec.run_dir).parent), exe, spec.cwd, key_env], sort_keys=True
+            [str(Path(spec.run_dir).parent), exe, spec.cwd, key_env, sandbox], sort_keys=True
         ).encode()
         sock_dir = Path(tempfile.gettempdir()) / f"coadapt-zygotes-{os.getuid()}"
         sock_dir.mkdir(mode=0o700, exist_ok=True)
         sock = str(sock_dir / f"{hashlib.sha256(key).hexdigest()[:20]}.sock")
-        if _listening(sock):
+        if sock in self._zygotes or _listening(sock):
             return sock
         env = dict(spec.env)
         for var in _PER_REPLICA_ENV:
@@ -222,11 +235,14 @@ class LocalExecutor:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_root) if p)
         log = Path(spec.run_dir).parent / "zygote.log"
         idle, watch = str(ZYGOTE_IDLE_S), str(Path(spec.run_dir).parent)
-        server = [exe, "-m", "coadapt.train.zygote"]
+        server = [exe, "-m", "coadapt.train.zygote", "--listen", sock]
+        server += ["--idle-exit", idle, "--watch", watch]
+        if conf is not None:
+            return self._start_sandboxed_zygote(spec, conf, sock, server, env, log)
         try:
             with open(log, "ab") as out:
                 proc = subprocess.Popen(
-                    [*server, "--listen", sock, "--idle-exit", idle, "--watch", watch],
+                    server,
                     cwd=spec.cwd,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -243,6 +259,57 @@ class LocalExecutor:
             proc.wait()
             return None
         return sock if code == 0 and Path(sock).exists() else None
+
+    def _start_sandboxed_zygote(
+        self,
+        spec: ReplicaSpec,
+        conf: Confinement,
+        sock: str,
+        server: list[str],
+        env: dict[str, str],
+        log: Path,
+    ) -> str | None:
+        """Start the job's zygote the way a cold replica of the job starts: under the shim
+        with the job's confinement (PID and mount namespaces, run-as user, no_new_privs, a
+        memory cgroup of its own). The run-as user cannot bind in our socket directory, so
+        the socket is bound here and inherited (the zygote listens on it)."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock)
+            old = os.umask(0o077)
+            try:
+                listener.bind(sock)
+            finally:
+                os.umask(old)
+            fd = listener.fileno()
+            run_dir = Path(spec.run_dir).parent / "zygote"
+            run_dir.mkdir(exist_ok=True)
+            run_dir.chmod(0o700)
+            argv = [self.python, "-m", "coadapt.executors._shim", str(run_dir), "0"]
+            argv += ["--sandbox", conf.to_json(), "--keep-fd", str(fd), "--detach"]
+            argv += ["--cleanup", sock, "--"]  # the confined zygote cannot unlink it itself
+            argv += [*server, "--bound-fd", str(fd)]
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(fd,),
+                )
+            code = proc.wait(timeout=30.0)  # the supervisor detaches at once
+        except (OSError, subprocess.TimeoutExpired):
+            return None  # the replica starts cold
+        finally:
+            listener.close()
+        if code != 0:
+            return None
+        self._zygotes[sock] = time.monotonic()
+        return sock
 
     def _hand_over(self, spec: ReplicaSpec, uid: int | None, gid: int | None) -> None:
         """The job's directory and checkpoints belong to the run-as user; its run files and

@@ -220,3 +220,9 @@ def release(cgroup: Path, timeout: float = 5.0) -> None:
             if time.monotonic() > deadline:
                 return  # an empty cgroup left behind costs nothing; never block the exit record
             time.sleep(0.05)
+
+
+def move(cgroup: Path, pid: int) -> None:
+    """Move process ``pid`` into ``cgroup`` (a replica forked by a sandboxed zygote, from the
+    supervisor outside the sandbox, before the replica is let run)."""
+    _write(cgroup / "cgroup.procs", str(pid))

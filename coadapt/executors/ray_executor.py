@@ -368,27 +368,34 @@ class RayExecutor:
         self.nodes()
         return node_id in self._dead_ids
 
+    def _placed(self, group: _Group) -> bool:
+        """Whether the group's bundles are reserved (asked of Ray, without waiting, until
+        they are; then its bundle -> node map is recorded)."""
+        if not group.ready:
+            done, _ = ray.wait([group.ready_ref], timeout=0)
+            if not done:
+                return False
+            group.ready = True
+            table = placement_group_table(group.pg)
+            group.nodes = {int(i): str(n) for i, n in table.get("bundles_to_node_id", {}).items()}
+        return True
+
     def poll(self, handle: ReplicaHandle) -> ReplicaStatus:
         group = self._group(handle.run_dir)
         if group is None:
             return ReplicaStatus(ReplicaPhase.LOST, None, "placement group gone")
         if group.failed is not None:
             return ReplicaStatus(ReplicaPhase.EVICTED, None, group.failed)
-        if not group.ready:
-            done, _ = ray.wait([group.ready_ref], timeout=0)
-            if not done:
-                waited = time.monotonic() - group.seen
-                if waited < self.placement_timeout:
-                    return ReplicaStatus(ReplicaPhase.RUNNING, None, "waiting for placement")
-                group.failed = (
-                    f"placement group not placed within {self.placement_timeout:.0f}s "
-                    "(resources taken, or a node left)"
-                )
-                self._release(group_key(handle.run_dir), forget=False)
-                return ReplicaStatus(ReplicaPhase.EVICTED, None, group.failed)
-            group.ready = True
-            table = placement_group_table(group.pg)
-            group.nodes = {int(i): str(n) for i, n in table.get("bundles_to_node_id", {}).items()}
+        if not self._placed(group):
+            waited = time.monotonic() - group.seen
+            if waited < self.placement_timeout:
+                return ReplicaStatus(ReplicaPhase.RUNNING, None, "waiting for placement")
+            group.failed = (
+                f"placement group not placed within {self.placement_timeout:.0f}s "
+                "(resources taken, or a node left)"
+            )
+            self._release(group_key(handle.run_dir), forget=False)
+            return ReplicaStatus(ReplicaPhase.EVICTED, None, group.failed)
         actor = group.actors.setdefault(handle.rank, _Actor())
         if actor.final is not None:
             return actor.final
@@ -442,7 +449,9 @@ class RayExecutor:
             except ValueError:
                 return
         actor.handle.stop.remote(force)
-        if force and not group.ready:
+        # Asked afresh: a group this process has not polled since it was placed (an adopted
+        # one, say) holds a running replica, and a forced stop of that one is a kill.
+        if force and not self._placed(group):
             # Not placed yet, so nothing to checkpoint: give the group up right away.
             group.failed = "stopped before it was placed"
             self._release(group_key(handle.run_dir), forget=False)

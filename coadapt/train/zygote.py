@@ -63,6 +63,8 @@ DEFAULT_PRELOAD = (
 )
 MAX_MESSAGE = 1 << 20
 _KILL_AFTER_S = 10.0
+#: Exit code of a held child whose release never came (its supervisor went away first).
+SPAWN_ABANDONED = 125
 
 
 class ZygoteProtocolError(RuntimeError):
@@ -140,8 +142,10 @@ def _run_child(
     stdio_fd: int,
     request: dict[str, Any],
     die_with_parent: bool = False,
+    hold_fd: int | None = None,
 ) -> None:
-    """Body of a forked replica; never returns."""
+    """Body of a forked replica; never returns. With ``hold_fd`` it first waits for one byte
+    there (the supervisor has put it in its memory cgroup: nothing runs before that)."""
     code = 1
     try:
         if die_with_parent:
@@ -150,6 +154,11 @@ def _run_child(
         for fd in extra_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if hold_fd is not None:
+            released = os.read(hold_fd, 1)
+            os.close(hold_fd)
+            if not released:  # the zygote closed it without a release: do not run
+                os._exit(SPAWN_ABANDONED)
         _reset_child_state(stdio_fd, request["env"], request["cwd"])
         script = str(request["script"])
         sys.argv = [script, *request["argv"]]
@@ -287,6 +296,13 @@ class ZygoteServer:
     With no connection and no child for ``idle_exit_s``, or none while the ``watch`` directory
     (the job's) is gone, the server removes its socket and exits (a job that ended, or a
     controller that went away, leaves nothing behind for long).
+
+    A sandboxed job's zygote runs *inside* the job's confinement (``--bound-fd``: started by
+    the replica supervisor under ``--sandbox``), so what it forks is confined as a cold
+    replica would be. A ``spawn`` with ``hold`` forks a child that waits for ``release``
+    (sent once the supervisor has moved it into the replica's own memory cgroup). Under the
+    cgroup-less RLIMIT_AS fallback the zygote runs with the per-slot limit, which its forks
+    inherit.
     """
 
     def __init__(
@@ -296,6 +312,7 @@ class ZygoteServer:
         self.watch = watch  # the job's directory: once it is gone, so is the job
         self.conns: dict[int, socket.socket] = {}
         self.owner: dict[int, int] = {}  # child pid -> connection fd
+        self.holds: dict[int, int] = {}  # held child pid -> write end of its release pipe
         self.problems: list[str] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -350,14 +367,20 @@ class ZygoteServer:
         op = request.get("op")
         if op == "spawn" and len(fds) == 1:
             others = [self.listener.fileno(), self._wake_r, self._wake_w]
-            others += [c for c in self.conns if c != fd]
+            others += [c for c in self.conns if c != fd] + list(self.holds.values())
+            hold_r, hold_w = os.pipe() if request.get("hold") else (None, None)
+            if hold_w is not None:
+                others.append(hold_w)
             pid = os.fork()
             if pid == 0:
                 for other in [c for c in self.conns.values() if c is not conn]:
                     with contextlib.suppress(OSError):
                         other.detach()
-                _run_child(conn, others, fds[0], request, die_with_parent=True)
+                _run_child(conn, others, fds[0], request, die_with_parent=True, hold_fd=hold_r)
             os.close(fds[0])
+            if hold_r is not None and hold_w is not None:
+                os.close(hold_r)
+                self.holds[pid] = hold_w
             self.owner[pid] = fd
             try:
                 send(conn, {"event": "spawned", "id": request.get("id"), "pid": pid})
@@ -368,6 +391,13 @@ class ZygoteServer:
             if self.owner.get(pid) == fd:  # its own, not reaped: the pid is still the child's
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, int(request["signal"]))
+        elif op == "release":
+            pid = int(request["pid"])
+            if self.owner.get(pid) == fd and pid in self.holds:
+                hold = self.holds.pop(pid)
+                with contextlib.suppress(OSError):
+                    os.write(hold, b"1")
+                os.close(hold)
         else:
             for extra in fds:
                 os.close(extra)
@@ -383,9 +413,15 @@ class ZygoteServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 self.owner[pid] = -1  # reaped later; nobody to report to
+                hold = self.holds.pop(pid, None)
+                if hold is not None:
+                    os.close(hold)
 
     def _reap(self) -> None:
         for pid, code in _reaped(self.owner):
+            hold = self.holds.pop(pid, None)
+            if hold is not None:
+                os.close(hold)
             conn = self.conns.get(self.owner.pop(pid, -1))
             if conn is not None:
                 with contextlib.suppress(OSError):
@@ -411,15 +447,29 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--fd", type=int, help="inherited SEQPACKET socket (run-local)")
     where.add_argument("--listen", help="serve supervisors on this AF_UNIX path (executor)")
+    parser.add_argument(
+        "--bound-fd",
+        type=int,
+        default=None,
+        help="--listen: PATH is already bound to this inherited socket (a sandboxed zygote)",
+    )
     parser.add_argument("--idle-exit", type=float, default=60.0, help="--listen: seconds")
     parser.add_argument("--watch", default=None, help="--listen: exit when idle and it is gone")
     parser.add_argument("--preload", default="", help="extra modules, comma-separated")
     args = parser.parse_args(argv)
-    listener = listen(args.listen) if args.listen else None
-    if listener is not None and os.fork() > 0:
-        # Detach: the executor's child exits once the socket is bound (nothing for it to
-        # reap later); the server goes on in the grandchild, in the session it was given.
-        os._exit(0)
+    listener = None
+    if args.listen and args.bound_fd is not None:
+        # Started inside the job's sandbox (which cannot bind in the controller's directory):
+        # the executor bound PATH; listening here makes this process the socket's peer, so a
+        # supervisor's SO_PEERCRED names the zygote (and finds the replicas it forks).
+        listener = socket.socket(fileno=args.bound_fd)
+        listener.listen(64)
+    elif args.listen:
+        listener = listen(args.listen)
+        if os.fork() > 0:
+            # Detach: the executor's child exits once the socket is bound (nothing for it to
+            # reap later); the server goes on in the grandchild, in the session it was given.
+            os._exit(0)
     extra = [m.strip() for m in args.preload.split(",") if m.strip()]
     problems = preload([*DEFAULT_PRELOAD, *extra])
     for line in problems:

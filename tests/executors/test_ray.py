@@ -8,9 +8,7 @@ installed or namespaces are not permitted.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,29 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.executors.ray_support import UNSHARE, why_no_ray
 from tests.requirements import unavailable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-UNSHARE = ["unshare", "-n", "-p", "-f", "-m", "--mount-proc"]
-
-
-def _why_not() -> str | None:
-    if importlib.util.find_spec("ray") is None:
-        return "ray is not installed (pip install 'coadapt[ray]')"
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return "unshare or ip (util-linux, iproute2) not found"
-    probe = subprocess.run(
-        [*UNSHARE, "sh", "-c", "ip link set lo up"], capture_output=True, text=True, check=False
-    )
-    if probe.returncode != 0:
-        return f"network/PID namespaces not permitted: {probe.stderr.strip()}"
-    return None
 
 
 @pytest.mark.timeout(240)
 def test_jobs_span_nodes_rescale_and_survive_node_loss(tmp_path: Path) -> None:
-    why = _why_not()
+    why = why_no_ray()
     if why is not None:
         print(f"skipping the Ray integration test: {why}")
         unavailable(why)

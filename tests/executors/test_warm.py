@@ -70,7 +70,7 @@ def _zygotes(job: Path) -> list[int]:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if b"coadapt.train.zygote" in cmd and b"--listen" in cmd and cwd == str(job):
+        if cmd[1:3] == [b"-m", b"coadapt.train.zygote"] and b"--listen" in cmd and cwd == str(job):
             out.append(int(pid))
     return out
 
@@ -174,3 +174,149 @@ def test_opt_out_and_non_training_scripts_start_cold(job: Path) -> None:
     plain = replace(plain, argv=(sys.executable, str(job / "plain.py"), "0", "0"))
     assert ex.warm_zygote(plain) is None
     assert _zygotes(job) == []
+
+
+# A coadapt.train job run confined: reports what it can see, and can eat memory on request.
+SANDBOXED_JOB = """# a coadapt.train job (the executor looks for that name)
+import os, signal, sys, time
+def term(*_):
+    print("got SIGTERM", flush=True)
+    sys.exit(5)
+signal.signal(signal.SIGTERM, term)
+cg = [l for l in open("/proc/self/cgroup").read().splitlines() if "memory" in l]
+pids = len([p for p in os.listdir("/proc") if p.isdigit()])
+secret = os.path.exists(os.environ["SECRET"])
+print("started", os.getpid(), os.getppid(), "torch" in sys.modules, os.getuid(), secret, pids,
+      cg[0].rsplit("/", 1)[-1] if cg else "-", flush=True)
+if sys.argv[1] == "hog":
+    hog = [bytearray(16 << 20) for _ in range(200)]
+    print("survived", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.fixture
+def sandboxed(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A state dir under /tmp (reachable by the run-as user) with one job and a secret."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="coadapt-warm-sbx-"))
+    top.chmod(0o755)
+    state = top / "state"
+    job = state / "jobs" / "boxed"
+    job.mkdir(parents=True)
+    (job / "job.py").write_text(SANDBOXED_JOB)
+    (state / "admin-token").write_text("TOPSECRET")
+    (state / "admin-token").chmod(0o600)
+    yield state, job
+    for pid in _zygotes(job):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_sandboxed_jobs_replicas_fork_warm_and_stay_confined(
+    sandboxed: tuple[Path, Path],
+) -> None:
+    """Under namespace isolation with a memory limit, attempts after the first fork from the
+    job's zygote, which runs inside the job's sandbox: the replica runs as the run-as user,
+    in a PID namespace, cannot see the state dir, sits in its own memory cgroup (an OOM there
+    is reported as one), and SIGTERM / a forced stop behave as for a cold replica."""
+    from coadapt.executors.memlimit import RLIMIT, detect
+    from coadapt.executors.sandbox import SandboxError, parse_run_as, resolve
+    from tests.requirements import unavailable
+
+    state, job = sandboxed
+    if os.geteuid() != 0:
+        unavailable("a sandboxed zygote test needs root (run-as user, memory cgroups)")
+    limit = detect(768 << 20)
+    if limit.mechanism == RLIMIT:
+        unavailable("no writable memory cgroup (v1 or v2): the OOM killer cannot be observed")
+    try:
+        iso = resolve("namespace", hide=(str(state),), jobs_root=str(state / "jobs"), memory=limit)
+    except SandboxError as exc:
+        unavailable(f"namespace isolation unavailable: {exc}")
+    ex = LocalExecutor(slots=2, isolation=iso)
+    nobody = parse_run_as("nobody").uid
+
+    def boxed(attempt: int, mode: str) -> ReplicaSpec:
+        s = spec(job, attempt, 0, 0, SECRET=str(state / "admin-token"))
+        return replace(s, argv=(sys.executable, str(job / "job.py"), mode))
+
+    s1 = boxed(1, "quick")
+    h1 = ex.launch(s1)  # starts the job's zygote (inside the sandbox) as a side effect
+    started(ex, h1, s1.log_path)
+    ex.stop(h1)
+    assert done(ex, h1)[0] == 5
+    sock = ex.warm_zygote(s1, iso.confinement(job.name, None, str(job)))
+    assert sock is not None
+    wait_ready(sock)
+    [zygote] = _zygotes(job)
+    assert Path(f"/proc/{zygote}/status").read_text().count(f"\t{nobody}\t") >= 1
+
+    s2 = boxed(2, "quick")
+    h2 = ex.launch(s2)
+    _, pid2, parent2, torch2, uid2, secret2, pids2, cgroup2 = started(ex, h2, s2.log_path, 20)
+    log2 = Path(s2.log_path).read_text()
+    assert torch2 == "True" and int(parent2) > 1, log2  # forked by the zygote, not init
+    assert (uid2, secret2) == (str(nobody), "False"), log2
+    assert int(pids2) < 8 and int(pid2) < 100, log2  # the job's own PID namespace
+    assert cgroup2.endswith(f"-r0-{h2.pid}"), log2  # its own memory cgroup, made by its shim
+    ex.stop(h2)
+    assert done(ex, h2) == (5, "exited")
+    assert "got SIGTERM" in Path(s2.log_path).read_text()
+
+    s3 = boxed(3, "hog")
+    h3 = ex.launch(s3)
+    st3 = done(ex, h3, timeout=60)
+    log3 = Path(s3.log_path).read_text()
+    assert "started" in log3 and "True" in log3.split("started")[1].split()[:3], log3
+    assert st3[0] == 137 and st3[1].startswith("out of memory"), (st3, log3)
+    assert "survived" not in log3
+    assert ex.poll(h3).oom
+
+    s4 = boxed(4, "quick")
+    h4 = ex.launch(s4)
+    started(ex, h4, s4.log_path, 20)
+    ex.stop(h4, force=True)
+    assert done(ex, h4)[0] == 137
+    assert _zygotes(job) == [zygote]  # one zygote served every warm attempt
+    os.kill(zygote, signal.SIGKILL)  # its supervisor (outside) removes the socket file
+    deadline = time.monotonic() + 10
+    while Path(sock).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(sock).exists()
+
+
+def test_the_rlimit_fallback_applies_to_each_warm_replica(job: Path) -> None:
+    """Without a memory cgroup the per-slot limit is RLIMIT_AS: the zygote is started like a
+    replica, under that limit, and each replica it forks inherits it."""
+    from coadapt.executors.memlimit import RLIMIT, MemoryLimit
+    from coadapt.executors.sandbox import Isolation
+
+    limit = 64 << 30  # roomy: torch reserves address space at import
+    ex = LocalExecutor(slots=2, isolation=Isolation(memory=MemoryLimit(RLIMIT, limit)))
+    (job / "limits.py").write_text(
+        JOB.replace(
+            'print("started"',
+            'import resource; print("limit", resource.getrlimit(resource.RLIMIT_AS)[0])\n'
+            'print("started"',
+        )
+    )
+
+    def limited(attempt: int) -> ReplicaSpec:
+        s = spec(job, attempt, 0, 0)
+        return replace(s, argv=(sys.executable, str(job / "limits.py"), "0", "0"))
+
+    s1 = limited(1)
+    assert done(ex, ex.launch(s1)) == (0, "exited")
+    sock = ex.warm_zygote(s1, ex.isolation.confinement(job.name, None, str(job)))
+    assert sock is not None
+    wait_ready(sock)
+    s2 = limited(2)
+    h2 = ex.launch(s2)
+    _, _, parent2, torch2, _ = started(ex, h2, s2.log_path, 20)
+    assert done(ex, h2) == (0, "exited")
+    log2 = Path(s2.log_path).read_text()
+    assert torch2 == "True" and int(parent2) != h2.pid, log2  # forked by the zygote
+    assert f"limit {limit}" in log2, log2
