@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("coadapt", "coadapt.ports", "coadapt.protocol"),  # version, free_port, wire formats
     ("coadapt.goodput",),  # the goodput model
     ("coadapt.policies", "coadapt.train", "coadapt.executors", "coadapt.sparse"),
-    ("coadapt.sim",),  # the simulator runs the policies
+    ("coadapt.sim", "coadapt.serve"),  # the simulator runs the policies; serving
     ("coadapt.controller",),  # store, loop, API, dashboard
     ("coadapt.tune",),  # tuning on top of the controller's store and job specs
     ("coadapt.service",),  # the composition root
@@ -136,8 +136,11 @@ def test_only_the_stores_open_database_sessions() -> None:
     opened = set()
     for name, path in MODS.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == "sqlalchemy.orm":
-                if any(a.name in ("Session", "sessionmaker") for a in node.names):
-                    opened.add(name)
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "sqlalchemy.orm"
+                and any(a.name in ("Session", "sessionmaker") for a in node.names)
+            ):
+                opened.add(name)
     assert opened - SESSION_OWNERS == set(), "go through the Store instead"
     assert "coadapt.controller.store" in opened  # the scan sees the one that must be there

@@ -1,0 +1,124 @@
+"""``python -m coadapt.serve``: serve model directories, list / verify / activate versions.
+
+    python -m coadapt.serve --model mlp=/models/mlp [--port 8000] [--workers N] [--slo-ms 50]
+    python -m coadapt.serve ls DIR
+    python -m coadapt.serve verify DIR VERSION
+    python -m coadapt.serve activate DIR VERSION     # promotion and rollback (the LIVE pointer)
+
+``main(argv) -> int`` is what ``coadapt serve`` calls. Exit codes: 0 ok, 1 a refused version
+or a server that did not start, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+COMMANDS = ("run", "ls", "verify", "activate", "_worker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coadapt serve", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="serve models (the default command)")
+    run.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
+                     help="a model name and its version directory (repeatable)")  # fmt: skip
+    run.add_argument("--host", default="127.0.0.1")
+    run.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    run.add_argument("--workers", type=int, default=0, help="worker processes (0: one per core)")
+    run.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
+    run.add_argument("--slo-ms", type=float, default=50.0, help="p99 latency target (batching)")
+    run.add_argument("--max-body", type=int, default=8 * 1024 * 1024, help="bytes")
+    run.add_argument("--max-rows", type=int, default=4096, help="rows in one request")
+    run.add_argument("--poll-s", type=float, default=0.2, help="how often to look for versions")
+    run.add_argument("--accept", choices=("reuseport", "shared"), default="reuseport")
+    run.add_argument(
+        "--forward-thread", action="store_true", help="forwards on a thread (long forwards)"
+    )
+    ls = sub.add_parser("ls", help="list complete versions")
+    ls.add_argument("dir")
+    for name in ("verify", "activate"):
+        c = sub.add_parser(name, help=f"{name} a version")
+        c.add_argument("dir")
+        c.add_argument("version")
+    w = sub.add_parser("_worker", help=argparse.SUPPRESS)
+    w.add_argument("--index", type=int, required=True)
+    w.add_argument("--listen-fd", type=int, required=True)
+    w.add_argument("--port", type=int, required=True)
+    w.add_argument("--ready-fd", type=int, required=True)
+    w.add_argument("--config", required=True)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if not args_in or args_in[0] not in (*COMMANDS, "-h", "--help"):
+        args_in.insert(0, "run")
+    args = _parser().parse_args(args_in)
+
+    from coadapt.serve.config import ServeConfig
+
+    if args.cmd in ("ls", "verify", "activate"):
+        from coadapt.serve import artifacts
+    if args.cmd in ("ls", "verify", "activate") and not Path(args.dir).is_dir():
+        print(f"error: {args.dir} is not a directory (a model's version root)", file=sys.stderr)
+        return 2
+    if args.cmd == "ls":
+        live = artifacts.live_version(args.dir)
+        for v in artifacts.list_versions(args.dir):
+            m = artifacts.read_manifest(args.dir, v)
+            mark = "*" if v == live else " "
+            print(f"{mark} {v}  {m.kind:5}  parent={m.parent or '-'}  step={m.lineage.step}")
+        return 0
+    if args.cmd in ("verify", "activate"):
+        try:
+            artifacts.load_state(args.dir, args.version)
+            if args.cmd == "activate":
+                artifacts.set_live(args.dir, args.version)
+        except artifacts.ArtifactError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"{args.version}: ok" + (" (live)" if args.cmd == "activate" else ""))
+        return 0
+
+    if args.cmd == "_worker":
+        from coadapt.serve.workers import worker_main
+
+        return worker_main(ServeConfig.from_json(args.config), args.index, args.listen_fd,
+                           args.port, args.ready_fd)  # fmt: skip
+
+    models: dict[str, str] = {}
+    for spec in args.model:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            print(f"error: --model {spec!r} must look like NAME=DIR", file=sys.stderr)
+            return 2
+        models[name] = path
+    try:
+        config = ServeConfig(
+            models=models, host=args.host, port=args.port, workers=args.workers,
+            threads=args.threads, slo_ms=args.slo_ms, max_body=args.max_body,
+            max_rows=args.max_rows, poll_s=args.poll_s, accept=args.accept,
+            forward_thread=args.forward_thread,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from coadapt.serve.workers import Supervisor
+
+    try:
+        sup = Supervisor(config)
+    except OSError as exc:
+        print(f"error: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return sup.run()
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
