@@ -28,13 +28,23 @@ batch 2048 per worker, 13 dense features, bottom MLP 13-512-256-64, dot interact
 Tables are prefilled (every row exists) so all systems run in steady state, as TorchRec's
 fixed-size tables do. Every configuration runs in fresh processes.
 
+Training sections (``benchmarks/sparse/training.py``): ``--compression`` (pushed bytes and
+AUC with push compression off/on), ``--staleness`` (AUC at checkpoints and samples/s for SSP
+bounds), ``--freshness`` (online vs frozen model on a drifting stream). ``--scaling``
+(``benchmarks/sparse/scaling.py``): the DLRM for W workers x S servers plus a 2-node Ray run
+in a loopback-only namespace. ``--hotpath``: one shard's pull + push CPU ms per batch.
+``--all`` runs every section with small defaults. Rows go to ``--json OUT`` as
+``{"rows": [...]}``.
+
     .venv/bin/python benchmarks/sparse_bench.py [--sizes 1000000,10000000] [--json OUT]
     .venv/bin/python benchmarks/sparse_bench.py --speed [--steps 20] [--workers 1,2] [--json OUT]
+    .venv/bin/python benchmarks/sparse_bench.py --all --json OUT
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -125,7 +135,9 @@ def child(layout: str, rows: int, throughput: bool) -> dict[str, object]:
 
 
 # ---------------------------------------------------------------------- speed section
-N_TABLES, DIM, ROWS_PER_TABLE, SPEED_BATCH, LR = 26, 64, 100_000, 2048, 0.01
+N_TABLES, DIM, SPEED_BATCH, LR = 26, 64, 2048, 0.01
+# Rows per table (prefilled); the environment override lets the smoke test use tiny tables.
+ROWS_PER_TABLE = int(os.environ.get("SPARSE_BENCH_ROWS_PER_TABLE", "100000"))
 
 
 def _free_port() -> int:
@@ -380,7 +392,8 @@ def speed_section(workers: list[int], steps: int, repeats: int = 2) -> list[dict
     """Each configuration ``repeats`` times, interleaved (TorchRec, EmbeddingBag, coadapt, ...),
     so a burst of outside load hits all of them alike; rows report the best run of each."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from coadapt.sparse.server import TableSpec, running_servers
+    from benchmarks.sparse.scaling import speed_specs
+    from coadapt.sparse.server import running_servers
 
     rows: list[dict[str, Any]] = []
     common = {
@@ -391,7 +404,7 @@ def speed_section(workers: list[int], steps: int, repeats: int = 2) -> list[dict
         "cpus": os.cpu_count(),
     }
     have_tr = torchrec_available()
-    specs = [TableSpec(f"t{i}", DIM, "rowwise_adagrad", {"lr": LR}) for i in range(N_TABLES)]
+    specs = speed_specs()
     local = _best([_run_workers("coadapt", 1, steps, "local") for _ in range(repeats)])
     rows.append(dict(common, name="speed/coadapt/local", workers=1, servers=0, **local))
     for w in workers:
@@ -416,50 +429,27 @@ def speed_section(workers: list[int], steps: int, repeats: int = 2) -> list[dict
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--sizes", default="1000000,10000000", help="comma-separated row counts")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated layouts")
-    ap.add_argument("--json", dest="json_out", help="write {'rows': [...]} here")
-    ap.add_argument("--child", nargs=2, metavar=("LAYOUT", "ROWS"), help=argparse.SUPPRESS)
-    ap.add_argument("--throughput", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--speed", action="store_true", help="run the speed section instead")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per speed run")
-    ap.add_argument("--workers", default="1,2", help="W for the W workers x W servers runs")
-    ap.add_argument("--repeats", type=int, default=2, help="speed runs per config (best kept)")
-    ap.add_argument("--speed-child", nargs=6, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.throughput)))
-        return 0
-    if args.speed_child:
-        kind, rank, world, port, steps, extra = args.speed_child
-        out = speed_child(kind, int(rank), int(world), int(port), int(steps), extra)
-        print(json.dumps(out))
-        return 0
-    if args.speed:
-        speed_rows = speed_section(
-            [int(w) for w in args.workers.split(",") if w], args.steps, args.repeats
-        )
-        hdr = f"{'name':<26}{'samples/s':>11}{'ms/step':>9}{'torchrec/s':>12}"
-        print(hdr + f"{'pull ms':>9}{'push ms':>9}")
-        for r in speed_rows:
-            tr = r.get("torchrec_samples_per_s")
-            print(
-                f"{r['name']:<26}{r['samples_per_s']:>11.0f}{r['ms_per_step']:>9.1f}"
-                + (f"{tr:>12.0f}" if tr else f"{'':>12}")
-                + (f"{r['pull_ms']:>9.1f}{r['push_ms']:>9.1f}" if "pull_ms" in r else ""),
-                flush=True,
-            )
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps({"rows": speed_rows}, indent=2) + "\n")
-        return 0
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    layouts = [s for s in args.layouts.split(",") if s]
-    for lay in layouts:
-        if lay not in LAYOUTS:
-            ap.error(f"unknown layout {lay!r}; choose from {', '.join(LAYOUTS)}")
-    rows: list[dict[str, object]] = []
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.4f}"
+    return str(v)
+
+
+def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    """One line per row; a blank cell where a row lacks the column."""
+    print("".join(f"{c:>20}" if i else f"{c:<30}" for i, c in enumerate(cols)))
+    for r in rows:
+        cells = [_fmt(r.get(c, "")) for c in cols]
+        print("".join(f"{c:>20}" if i else f"{c:<30}" for i, c in enumerate(cells)), flush=True)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def memory_section(sizes: list[int], layouts: list[str]) -> list[dict[str, Any]]:
+    """One fresh child process per (layout, rows)."""
+    rows: list[dict[str, Any]] = []
     hdr = f"{'layout':<24}{'rows':>12}{'B/row':>8}{'raw':>5}{'ratio':>7}{'peak':>7}{'rss':>7}"
     print(hdr + f"{'load':>7}{'build k/s':>11}{'lookup k/s':>12}{'ins k/s':>9}")
     for lay in layouts:
@@ -469,8 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd.append("--throughput")
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
-                print(f"{lay} {n}: child failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-                return 1
+                raise RuntimeError(f"{lay} {n}: child failed:\n{proc.stderr[-2000:]}")
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append(r)
             look = r.get("lookup_keys_per_s")
@@ -483,6 +472,136 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"{look / 1e3:>12.0f}{ins / 1e3:>9.0f}" if look and ins else ""),
                 flush=True,
             )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--memory", action="store_true", help="memory section (default if none)")
+    ap.add_argument("--sizes", default="1000000,10000000", help="comma-separated row counts")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated layouts")
+    ap.add_argument("--json", dest="json_out", help="write {'rows': [...]} here")
+    ap.add_argument("--child", nargs=2, metavar=("LAYOUT", "ROWS"), help=argparse.SUPPRESS)
+    ap.add_argument("--throughput", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--speed", action="store_true", help="speed vs TorchRec section")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per speed/scaling run")
+    ap.add_argument("--workers", default="1,2", help="W for the W workers x W servers runs")
+    ap.add_argument("--servers", default="1,2", help="S for the scaling section")
+    ap.add_argument("--repeats", type=int, default=2, help="speed runs per config (best kept)")
+    ap.add_argument("--compression", action="store_true", help="compression on/off section")
+    ap.add_argument("--codecs", default="", help="compression configs (default: all)")
+    ap.add_argument("--staleness", action="store_true", help="SSP bound s in {0,4,16} section")
+    ap.add_argument("--bounds", default="0,4,16", help="staleness bounds")
+    ap.add_argument("--freshness", action="store_true", help="online vs frozen on drifting data")
+    ap.add_argument("--scaling", action="store_true", help="W x S grid + 2-node Ray run")
+    ap.add_argument("--hotpath", action="store_true", help="server pull/push CPU ms per batch")
+    ap.add_argument("--no-ray", action="store_true", help="skip the Ray run of --scaling")
+    ap.add_argument("--rows", type=int, default=196_608, help="planted rows (training sections)")
+    ap.add_argument("--batch", type=int, default=2048, help="batch of the training sections")
+    ap.add_argument("--all", action="store_true", help="every section with small defaults")
+    ap.add_argument("--speed-child", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.throughput)))
+        return 0
+    if args.speed_child:
+        kind, rank, world, port, steps, extra = args.speed_child
+        out = speed_child(kind, int(rank), int(world), int(port), int(steps), extra)
+        print(json.dumps(out))
+        return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.sparse.scaling import scaling_section
+    from benchmarks.sparse.training import (
+        COMPRESSIONS,
+        TrainSetup,
+        compression_section,
+        freshness_section,
+        staleness_section,
+    )
+
+    for lay in args.layouts.split(","):
+        if lay and lay not in LAYOUTS:
+            ap.error(f"unknown layout {lay!r}; choose from {', '.join(LAYOUTS)}")
+    args.codecs = args.codecs or ",".join(COMPRESSIONS)
+    for c in args.codecs.split(","):
+        if c not in COMPRESSIONS:
+            ap.error(f"unknown codec {c!r}; choose from {', '.join(COMPRESSIONS)}")
+    sections = ("memory", "hotpath", "speed", "compression", "staleness", "freshness", "scaling")
+    chosen = {s for s in sections if args.all or getattr(args, s)} or {"memory"}
+    if args.all and args.sizes == ap.get_default("sizes"):
+        args.sizes = "1000000"
+    setup = TrainSetup(rows=args.rows, batch=args.batch)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    rows: list[dict[str, Any]] = []
+    if "memory" in chosen:
+        layouts = [s for s in args.layouts.split(",") if s]
+        rows += memory_section(_ints(args.sizes), layouts)
+    if "hotpath" in chosen:
+        from benchmarks.sparse.hotpath import hotpath_section
+
+        got = hotpath_section()
+        print_table(got, ["name", "unique_rows", "pull_cpu_ms", "push_cpu_ms", "pull_push_cpu_ms"])
+        rows += got
+    if "speed" in chosen:
+        got = speed_section(_ints(args.workers), args.steps, args.repeats)
+        print_table(
+            got,
+            [
+                "name",
+                "samples_per_s",
+                "ms_per_step",
+                "torchrec_samples_per_s",
+                "speedup_vs_torchrec",
+                "pull_ms",
+                "push_ms",
+            ],
+        )
+        rows += got
+    if "compression" in chosen:
+        got = compression_section(setup, args.codecs.split(","))
+        print_table(
+            got,
+            [
+                "name",
+                "pushed_bytes_ratio",
+                "auc",
+                "auc_loss",
+                "planted_auc",
+                "samples_per_s",
+                "meets_target",
+            ],
+        )
+        rows += got
+    if "staleness" in chosen:
+        got = staleness_section(setup, _ints(args.bounds))
+        print_table(
+            got, ["name", "auc", "planted_auc", "samples_per_s", "max_staleness", "cache_hit_rate"]
+        )
+        for r in got:
+            print(f"  {r['name']} AUC at steps: {r['auc_curve']}")
+        rows += got
+    if "freshness" in chosen:
+        got = freshness_section(dataclasses.replace(setup, drift_period=2 * setup.rows))
+        print_table(got, ["name", "auc", "planted_auc", "frozen_after_rows", "drift_period"])
+        for r in got:
+            print(f"  {r['name']} AUC per window: {[round(a, 3) for a in r['auc_per_window']]}")
+        rows += got
+    if "scaling" in chosen:
+        ray_run = None if args.no_ray else (max(_ints(args.workers)), max(_ints(args.servers)))
+        got = scaling_section(
+            _run_workers,
+            _ints(args.workers),
+            _ints(args.servers),
+            args.steps,
+            args.repeats,
+            ray_run,
+        )
+        print_table(got, ["name", "samples_per_s", "ms_per_step", "workers", "servers", "cpus"])
+        for r in got:
+            if "error" in r:
+                print(f"  {r['name']} failed: {r['error']}", file=sys.stderr)
+        rows += got
+    print(f"load average at end: {os.getloadavg()}", flush=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     return 0

@@ -49,6 +49,9 @@ ENV_BATCH_MODE = "COADAPT_BATCH_MODE"
 ENV_CHECKPOINT_EVERY = "COADAPT_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_INTERVAL = "COADAPT_CHECKPOINT_INTERVAL"
 ENV_MAX_LOCAL_BSZ = "COADAPT_MAX_LOCAL_BSZ"
+# A sparse job's shard servers: their directory (coadapt.sparse.jobs.JobLayout) and count.
+ENV_SPARSE_DIR = "COADAPT_SPARSE_DIR"
+ENV_SPARSE_SERVERS = "COADAPT_SPARSE_SERVERS"
 #: ``0`` in a job's env: the local executor starts its replicas cold (no warm zygote).
 ENV_WARM = "COADAPT_WARM"
 #: Set on every tuning trial's job: ``<experiment>/<number>/<attempt>`` (found after a crash).
@@ -139,6 +142,8 @@ class ReplicaEnv:
     checkpoint_every: int | None = None  # also checkpoint every N steps
     checkpoint_interval: float | None = None  # seconds between periodic checkpoints
     max_local_bsz: int | None = None  # the controller's learned per-replica cap (after an OOM)
+    sparse_dir: str | None = None  # a sparse job's servers and checkpoints (JobLayout root)
+    sparse_servers: int | None = None  # how many shard servers the job runs
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -159,6 +164,10 @@ class ReplicaEnv:
             )
         if self.max_local_bsz is not None and self.max_local_bsz < 1:
             raise ReplicaEnvError(f"{ENV_MAX_LOCAL_BSZ} must be >= 1, got {self.max_local_bsz}")
+        if (self.sparse_servers is None) != (self.sparse_dir is None):
+            raise ReplicaEnvError(f"set both {ENV_SPARSE_DIR} and {ENV_SPARSE_SERVERS}, or neither")
+        if self.sparse_servers is not None and self.sparse_servers < 1:
+            raise ReplicaEnvError(f"{ENV_SPARSE_SERVERS} must be >= 1, got {self.sparse_servers}")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ReplicaEnvError(
                 f"{ENV_CHECKPOINT_EVERY} must be >= 0 (0: never), got {self.checkpoint_every}"
@@ -196,6 +205,8 @@ class ReplicaEnv:
             ENV_CHECKPOINT_EVERY: self.checkpoint_every,
             ENV_CHECKPOINT_INTERVAL: self.checkpoint_interval,
             ENV_MAX_LOCAL_BSZ: self.max_local_bsz,
+            ENV_SPARSE_DIR: self.sparse_dir,
+            ENV_SPARSE_SERVERS: self.sparse_servers,
         }
         env.update({k: str(v) for k, v in optional.items() if v is not None})
         return env
@@ -229,6 +240,8 @@ class ReplicaEnv:
             checkpoint_interval=_float(env, ENV_CHECKPOINT_INTERVAL),
             # 0 reads as "no cap" (what an unset variable means), as it always has.
             max_local_bsz=_int(env, ENV_MAX_LOCAL_BSZ) or None,
+            sparse_dir=_str(env, ENV_SPARSE_DIR),
+            sparse_servers=_int(env, ENV_SPARSE_SERVERS),
         )
 
 
@@ -470,6 +483,7 @@ class EventKind(StrEnum):
     CHECKPOINTED = "checkpointed"
     CANCELLED = "cancelled"
     LAUNCH_ERROR = "launch-error"
+    SERVERS = "servers"  # a sparse job's shard servers started, restarted or stopped
     POLICY_ERROR = "policy-error"
     TUNE_PRUNED = "tune-pruned"
     TUNE_PREEMPTED = "tune-preempted"

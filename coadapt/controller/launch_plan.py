@@ -83,6 +83,9 @@ class AttemptPlan:
     metrics_url: str | None = None
     job_token: str | None = None
     max_local_bsz: int | None = None
+    sparse_dir: str | None = None  # a sparse job: its servers' JobLayout root
+    sparse_servers: int | None = None
+    checkpoint_interval: float | None = None  # seconds between periodic checkpoints
 
     @property
     def run_dir(self) -> Path:
@@ -124,6 +127,9 @@ def replica_env(
         metrics_url=plan.metrics_url,
         job_token=plan.job_token,
         max_local_bsz=plan.max_local_bsz,
+        sparse_dir=plan.sparse_dir,
+        sparse_servers=plan.sparse_servers,
+        checkpoint_interval=plan.checkpoint_interval,
     )
     env["HOME"] = str(plan.job_dir.resolve())
     env.update(wire.to_env())
@@ -161,3 +167,33 @@ def replica_specs(
             )
         )
     return specs
+
+
+def server_spec(
+    plan: AttemptPlan,
+    shard: int,
+    num_shards: int,
+    argv: Sequence[str],
+    run_dir: str,
+    controller_env: Mapping[str, str],
+) -> ReplicaSpec:
+    """A sparse job's shard server as the executor starts it: like a replica (same sandbox,
+    run-as user and inherited variables) but outside every attempt (``attempt`` 0), in no
+    slot of the scheduler's, and without the torchrun variables (it is no rank of a world)."""
+    env = {k: v for k, v in controller_env.items() if inherited(k)}
+    env.update(plan.spec_env)
+    env["HOME"] = str(plan.job_dir.resolve())
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return ReplicaSpec(
+        job_id=plan.job_id,
+        attempt=0,
+        rank=shard,
+        world_size=num_shards,
+        argv=tuple(argv),
+        cwd=plan.cwd,
+        run_dir=run_dir,
+        log_path=str(plan.job_dir / "logs" / f"server-{shard}.log"),
+        slot=0,
+        env=env,
+    )

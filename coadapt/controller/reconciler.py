@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from coadapt.controller.errors import ControllerError, InvalidTransitionError
-from coadapt.controller.launch_plan import AttemptPlan, replica_specs
+from coadapt.controller.launch_plan import AttemptPlan, replica_specs, server_spec
 from coadapt.controller.snapshot import accrued_service, allocation_dict, build_snapshot
 from coadapt.controller.spec import JobSpec
 from coadapt.controller.states import ACTIVE, JobState
@@ -50,6 +50,7 @@ from coadapt.policies import (
 )
 from coadapt.ports import free_port
 from coadapt.protocol import EventKind, ReplicaStatus
+from coadapt.sparse.jobs import JobLayout
 from coadapt.train.memory import read_limit, shrink
 
 log = logging.getLogger("coadapt.controller")
@@ -57,6 +58,8 @@ log = logging.getLogger("coadapt.controller")
 Clock = Callable[[], float]
 LIVE = (ReplicaStatus.STARTING, ReplicaStatus.LIVE)
 _RESIGNAL_S = 5.0  # re-send SIGTERM this often while a stop is pending (level-triggered)
+_SPARSE = "sparse"  # a sparse job's JobLayout root, under its job directory
+_STOPPED = "STOPPED"  # marker: every shard server of an ended job is gone
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,18 @@ class Controller:
         self.last_diagnostics: dict[str, float] = {}  # the last round's Decision.diagnostics
         self.last_round_seconds: float | None = None
         self.last_round_at: float | None = None
+        # Sparse jobs whose shard servers may still run (found again on disk after a restart).
+        self._server_jobs: set[str] = {
+            p.parent.parent.name
+            for p in (self.config.shared_dir or self.config.state_dir).glob(
+                f"jobs/*/{_SPARSE}/servers"
+            )
+            if not (p / _STOPPED).exists()
+        }
+        self._server_stop_at: dict[str, float] = {}
+        # Handles of the shard servers this process started: a just-started shard has not
+        # written its pid file yet, so ``recover`` is only for servers of an earlier controller.
+        self._server_handles: dict[tuple[str, int], ReplicaHandle] = {}
 
     # -- public ---------------------------------------------------------------------------
     @property
@@ -164,6 +179,7 @@ class Controller:
             self.schedule(now)
             self._last_schedulable = schedulable
         self._act(self.clock())
+        self._servers(self.clock())
 
     def run(self, stop: threading.Event, tick: float = 0.5) -> None:
         """Loop until ``stop`` is set; an error in one step is logged and the loop goes on."""
@@ -271,9 +287,14 @@ class Controller:
                     "oom": status.oom,
                 },
             )
-        # Level-triggered release of what finished attempts still hold (Ray placement groups).
+        # Level-triggered release of what finished attempts still hold (Ray placement groups);
+        # shard servers of sparse jobs are kept while the job is active or stopping them.
+        keep = {r.run_dir for r in self.store.replicas(statuses=LIVE)}
+        for job_id in self._server_jobs:
+            root = JobLayout(self.job_dir(job_id) / _SPARSE)
+            keep.update(str(d) for d in root.servers_dir.glob("run-*"))
         try:
-            self.executor.retain({r.run_dir for r in self.store.replicas(statuses=LIVE)})
+            self.executor.retain(keep)
         except ExecutorError as exc:
             log.error("cannot release finished attempts' resources: %s", exc)
 
@@ -600,6 +621,96 @@ class Controller:
                 log.error("cannot stop replica %s: %s", rep.id, exc)
             self._signalled[rep.id] = now
 
+    # -- sparse jobs' shard servers -------------------------------------------------------
+    def _servers(self, now: float) -> None:
+        """Level-triggered: every active sparse job that has launched has its shard servers
+        running (a dead one is restarted; it loads the last committed checkpoint); the
+        servers of a job that ended are stopped (SIGTERM, SIGKILL after ``stop_grace``)."""
+        active = {
+            j.id: j
+            for j in self.store.list_jobs(states=ACTIVE)
+            if j.job_spec.sparse is not None and j.attempt > 0
+        }
+        for job in active.values():
+            self._server_jobs.add(job.id)
+            self._ensure_servers(job, now)
+        for job_id in sorted(self._server_jobs - set(active)):
+            job = self.store.get_job(job_id)
+            if job.state in ACTIVE:
+                continue  # not launched again yet (e.g. pending a retry): servers stay
+            self._stop_servers(job, now)
+
+    def _server_handle(self, job_id: str, layout: JobLayout, shard: int) -> ReplicaHandle | None:
+        """The shard's live server, or None (never started, or ended)."""
+        handle = self._server_handles.get((job_id, shard))
+        if handle is None:
+            handle = self.executor.recover(str(layout.run_dir(shard)), shard)
+        if handle is None or self.executor.poll(handle).phase is not ReplicaPhase.RUNNING:
+            self._server_handles.pop((job_id, shard), None)
+            return None
+        self._server_handles[(job_id, shard)] = handle
+        return handle
+
+    def _ensure_servers(self, job: Job, now: float) -> None:
+        sparse = job.job_spec.sparse
+        if sparse is None:
+            return
+        layout = JobLayout(self.job_dir(job.id) / _SPARSE)
+        for shard in range(sparse.servers):
+            if self._server_handle(job.id, layout, shard) is not None:
+                continue
+            restart = layout.config_file(shard).exists()
+            layout.port_file(shard).unlink(missing_ok=True)  # workers wait for the new one
+            layout.write_config(shard, sparse.servers, sparse.model, sparse.dim)
+            spec = server_spec(
+                self._plan(job, job.attempt, 0),
+                shard,
+                sparse.servers,
+                layout.shard_argv(shard),
+                str(layout.run_dir(shard)),
+                os.environ,
+            )
+            try:
+                (result,) = self.executor.launch_group([spec])
+            except ExecutorError as exc:
+                result = exc
+            if isinstance(result, ExecutorError):
+                self.store.add_event(
+                    job.id, EventKind.LAUNCH_ERROR, f"shard server {shard}: {result}", now
+                )
+                continue
+            self._server_handles[(job.id, shard)] = result
+            what = "restarted from the last checkpoint" if restart else "started"
+            self.store.add_event(
+                job.id,
+                EventKind.SERVERS,
+                f"shard server {shard}/{sparse.servers} {what} (pid {result.pid})",
+                now,
+                {"shard": shard, "pid": result.pid, "restart": restart},
+            )
+
+    def _stop_servers(self, job: Job, now: float) -> None:
+        sparse = job.job_spec.sparse
+        layout = JobLayout(self.job_dir(job.id) / _SPARSE)
+        shards = sparse.servers if sparse is not None else 0
+        handles = [
+            h for i in range(shards) if (h := self._server_handle(job.id, layout, i)) is not None
+        ]
+        if not handles:
+            self._server_jobs.discard(job.id)
+            self._server_stop_at.pop(job.id, None)
+            if layout.servers_dir.exists():
+                (layout.servers_dir / _STOPPED).touch()
+            self.store.add_event(job.id, EventKind.SERVERS, "shard servers stopped", now)
+            return
+        since = self._server_stop_at.setdefault(job.id, now)
+        force = now - since >= self.config.stop_grace
+        for h in handles:
+            try:
+                self.executor.stop(h, force=force)
+            except ExecutorError as exc:
+                log.error("cannot stop shard server %s of job %s: %s", h.rank, job.id, exc)
+
     # -- launch ---------------------------------------------------------------------------
     def job_dir(self, job_id: str) -> Path:
         return (self.config.shared_dir or self.config.state_dir) / "jobs" / job_id
@@ -640,6 +751,9 @@ class Controller:
             metrics_url=url,
             job_token=token,
             max_local_bsz=job.max_local_bsz,  # learned after an OOM (coadapt.train.memory)
+            sparse_dir=None if spec.sparse is None else str((jdir / _SPARSE).resolve()),
+            sparse_servers=None if spec.sparse is None else spec.sparse.servers,
+            checkpoint_interval=None if spec.sparse is None else spec.sparse.checkpoint_every_s,
         )
 
     def _launch(self, job: Job, place: Sequence[tuple[str, int]], now: float) -> None:

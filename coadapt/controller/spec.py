@@ -72,7 +72,53 @@ ACCEPTED: dict[str, str] = {
     "pinned_batch": "integer in [1, 2^31), or null for an adaptive batch",
     "priority": "integer in (-2^31, 2^31) (higher first, where the policy honours priorities)",
     "max_restarts": "integer >= 0 (failed attempts retried with exponential backoff)",
+    "sparse": "a mapping: servers (integer in 1..64, shard servers kept for the job's "
+    "lifetime), model (lr, fm, deepfm or widedeep: the tables follow it), dim (integer in "
+    "1..1024), checkpoint_every_s (number > 0)",
 }
+
+_SPARSE_MODELS = ("lr", "fm", "deepfm", "widedeep")  # coadapt.sparse.jobs.MODELS (tested)
+
+
+class SparseSection(BaseModel):
+    """A sparse job's parameter servers: started with the job, kept across worker rescales,
+    restarted from the last checkpoint when one dies, stopped when the job ends."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    servers: int
+    model: str = "lr"
+    dim: int = 8
+    checkpoint_every_s: float = 30.0
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _servers(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+            raise ValueError(f"sparse.servers must be an integer in 1..64, got {v!r}")
+        return v
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any) -> Any:
+        if v not in _SPARSE_MODELS:
+            raise ValueError(f"sparse.model must be one of {', '.join(_SPARSE_MODELS)}, got {v!r}")
+        return v
+
+    @field_validator("dim", mode="before")
+    @classmethod
+    def _dim(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1024:
+            raise ValueError(f"sparse.dim must be an integer in 1..1024, got {v!r}")
+        return v
+
+    @field_validator("checkpoint_every_s", mode="before")
+    @classmethod
+    def _every(cls, v: Any) -> Any:
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf")
+        if not ok:
+            raise ValueError(f"sparse.checkpoint_every_s must be a number > 0, got {v!r}")
+        return v
 
 
 def exec_safe(value: str) -> str:
@@ -105,6 +151,24 @@ Arg = Annotated[
 _ARGV_SCHEMA = {
     "type": "array",
     "items": {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": NO_NUL},
+}
+
+
+_SPARSE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "servers": {"type": "integer", "minimum": 1, "maximum": 64},
+                "model": {"enum": list(_SPARSE_MODELS), "default": "lr"},
+                "dim": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 8},
+                "checkpoint_every_s": {"type": "number", "exclusiveMinimum": 0, "default": 30},
+            },
+            "required": ["servers"],
+            "additionalProperties": False,
+        },
+        {"type": "null"},
+    ]
 }
 
 
@@ -178,6 +242,8 @@ class JobSpec(BaseModel):
     pinned_batch: int | None = Field(default=None, ge=1, le=_MAX_INT)
     priority: int = Field(default=0, ge=-_MAX_INT, le=_MAX_INT)
     max_restarts: int = Field(default=3, ge=0, le=1000)
+    # Inline schema (no $ref): the tuning API embeds this model's schema in its own.
+    sparse: Annotated[SparseSection | None, WithJsonSchema(_SPARSE_SCHEMA)] = None
 
     @field_validator("name")
     @classmethod
@@ -299,7 +365,8 @@ def _details(exc: ValidationError) -> list[dict[str, Any]]:
         top = field.split(".")[0]
         if err["type"] == "extra_forbidden":
             message = "unknown field"
-            accepted = "fields: " + ", ".join(JobSpec.model_fields)
+            model = SparseSection if top == "sparse" else JobSpec
+            accepted = "fields: " + ", ".join(model.model_fields)
         else:
             message = str(err["msg"]).removeprefix("Value error, ")
             accepted = ACCEPTED.get(top, "")
@@ -337,6 +404,7 @@ __all__ = [
     "MAX_SPEC_BYTES",
     "RESERVED_ENV",
     "JobSpec",
+    "SparseSection",
     "exec_safe",
     "load_spec_file",
     "parse_spec",

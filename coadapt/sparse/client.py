@@ -32,11 +32,13 @@ import numpy as np
 import numpy.typing as npt
 
 from coadapt.sparse._hashing import as_u64_keys
-from coadapt.sparse.compress import CompressionConfig, GradientCompressor
+from coadapt.sparse.compress import CompressionConfig, GradientCompressor, is_empty
 from coadapt.sparse.server import (
     FLAG_COMPRESSED,
     LEN,
+    OP_COUNT,
     OP_HELLO,
+    OP_LOAD,
     OP_PULL,
     OP_PUSH,
     OP_SAVE,
@@ -44,6 +46,7 @@ from coadapt.sparse.server import (
     OP_STATS,
     PART,
     REQ,
+    CallerMemo,
     ShardState,
     TableSpec,
     recv_exact,
@@ -82,6 +85,7 @@ class LocalStore:
 
     def __init__(self, tables: Sequence[TableSpec], seed: int = 0) -> None:
         self.state = ShardState(tables, 0, 1, seed)
+        self._memo = CallerMemo()  # pull indices reused by the next push, scratch buffers
         self._index = {s.name: i for i, s in enumerate(self.state.specs)}
         self.step = 0
 
@@ -97,12 +101,30 @@ class LocalStore:
         return self.state.specs[self._t(table)].dim
 
     def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
-        return {name: self.state.pull(self._t(name), k, now=self.step) for name, k in ids.items()}
+        st, memo = self.state, self._memo
+        return {n: st.pull(self._t(n), k, now=self.step, memo=memo) for n, k in ids.items()}
 
     def push(self, grads: Mapping[str, tuple[U64, F32]]) -> None:
         for name, (k, g) in grads.items():
-            self.state.push(self._t(name), k, g, now=self.step)
+            self.state.push(self._t(name), k, g, now=self.step, memo=self._memo)
         self.step += 1
+
+    def count(self, events: Mapping[str, tuple[U64, npt.NDArray[np.uint32]]]) -> None:
+        """Exposure (one per occurrence of an id) and click counters; see PSClient.count."""
+        for name, (k, c) in events.items():
+            self.state.count(self._t(name), as_u64_keys(k, "ids"), np.asarray(c, np.uint32))
+
+    def counter_totals(self) -> dict[str, list[int]]:
+        return self.state.counter_totals()
+
+
+def _take_rows(k: U64, g: F32, sel: npt.NDArray[np.int64], whole: bool) -> tuple[U64, F32]:
+    """IDs and gradient rows at ``sel`` (``whole``: sel is every row in order, no copy)."""
+    g = np.ascontiguousarray(g, np.float32)
+    if whole:
+        return k, g
+    row = np.dtype((np.void, 4 * g.shape[1]))  # whole rows: one memcpy each
+    return k[sel], np.take(g.view(row).reshape(-1), sel).view(np.float32).reshape(sel.size, -1)
 
 
 class _Conn:
@@ -245,6 +267,14 @@ class PSClient:
 
         replies = dict(self._fanout(one, range(self.num_shards)))
         out: dict[int, F32] = {}
+        if self.num_shards == 1 and replies[0] is not None:
+            # one shard: the reply already holds every table's rows in request order
+            off = 0
+            for t, k in wanted.items():
+                dim = self.specs[t].dim
+                out[t] = np.frombuffer(replies[0], np.float32, k.size * dim, off).reshape(-1, dim)
+                off += 4 * k.size * dim
+            return out
         for t, k in wanted.items():
             out[t] = np.empty((k.size, self.specs[t].dim), np.float32)
         for s in range(self.num_shards):
@@ -256,8 +286,8 @@ class PSClient:
                 order, b = split[t]
                 sel = order[b[s] : b[s + 1]]
                 dim = self.specs[t].dim
-                rows = np.frombuffer(rep, np.float32, sel.size * dim, off).reshape(-1, dim)
-                out[t][sel] = rows
+                row = np.dtype((np.void, 4 * dim))  # whole rows: one memcpy each
+                out[t].view(row).reshape(-1)[sel] = np.frombuffer(rep, row, sel.size, off)
                 off += 4 * sel.size * dim
         return out
 
@@ -348,13 +378,15 @@ class PSClient:
                 sel = order[b[s] : b[s + 1]]
                 if sel.size == 0:
                     continue
-                kk, gg = k[sel], np.ascontiguousarray(g[sel], np.float32)
+                kk, gg = _take_rows(k, g, sel, self.num_shards == 1)
                 if self.compression is not None:
                     comp = self._compressors.get((t, s))
                     if comp is None:
                         comp = GradientCompressor(self.specs[t].dim, self.compression)
                         self._compressors[(t, s)] = comp
                     payload = comp.encode(kk, gg)
+                    if is_empty(payload):  # top-k chose nothing: all of it stays in residuals
+                        continue
                     parts.append((t, len(payload)))
                     id_bufs.append(payload)
                 else:
@@ -387,6 +419,52 @@ class PSClient:
             lambda s: json.loads(bytes(self.conns[s].call(OP_SAVE, [], body))),
             range(self.num_shards),
         )
+
+    def count(self, events: Mapping[str, tuple[U64, npt.NDArray[np.uint32]]]) -> None:
+        """Add exposure/click counters: per table, ids (one exposure per occurrence, not
+        deduplicated) and the clicks of each occurrence. Synchronous, after pending pushes."""
+        self.wait()
+        ts = {
+            self._t(n): (as_u64_keys(k, "ids"), np.ascontiguousarray(c, np.uint32))
+            for n, (k, c) in events.items()
+        }
+        for k, c in ts.values():
+            if c.shape != k.shape:
+                raise ValueError(f"clicks shape {c.shape} does not match ids shape {k.shape}")
+        split = {t: self._split(k) for t, (k, _) in ts.items()}
+
+        def one(s: int) -> None:
+            parts, id_bufs, c_bufs = [], [], []
+            for t, (k, c) in ts.items():
+                order, b = split[t]
+                sel = order[b[s] : b[s + 1]]
+                if sel.size:
+                    parts.append((t, sel.size))
+                    id_bufs.append(np.ascontiguousarray(k[sel]))
+                    c_bufs.append(np.ascontiguousarray(c[sel]))
+            if parts:
+                self.conns[s].call(OP_COUNT, parts, id_bufs + c_bufs)
+
+        self._fanout(one, range(self.num_shards))
+
+    def restore(self, seq: int) -> None:
+        """Every shard reloads its file of checkpoint generation ``seq`` (a consistent rollback);
+        drops the SSP cache and compression residuals, which belong to the abandoned state."""
+        self.wait()
+        body = [json.dumps({"seq": seq}).encode()]
+        self._fanout(lambda s: self.conns[s].call(OP_LOAD, [], body), range(self.num_shards))
+        self._cache.clear()
+        self._compressors.clear()
+
+    def counter_totals(self) -> dict[str, list[int]]:
+        """[exposures, clicks] per counted table, summed over all shards."""
+        out: dict[str, list[int]] = {}
+        for st in self.stats():
+            for name, (e, c) in st["counters"].items():
+                tot = out.setdefault(name, [0, 0])
+                tot[0] += e
+                tot[1] += c
+        return out
 
     def stats(self) -> list[dict[str, Any]]:
         self.wait()

@@ -44,6 +44,7 @@ __all__ = [
     "GradientCompressor",
     "ResidualTable",
     "decode",
+    "is_empty",
     "raw_nbytes",
 ]
 
@@ -56,6 +57,7 @@ _FLAG_MASK = 1
 ValueCodec = Literal["fp32", "int8", "ternary"]
 Sparsifier = Literal["none", "topk", "threshold"]
 EvictPolicy = Literal["flush", "drop"]
+KRounding = Literal["ceil", "stochastic"]
 
 
 def raw_nbytes(n_rows: int, dim: int) -> int:
@@ -76,6 +78,7 @@ class CompressionConfig:
     residual_capacity: int = 1_000_000
     on_evict: EvictPolicy = "flush"
     seed: int = 0
+    k_rounding: KRounding = "ceil"
 
     def __post_init__(self) -> None:
         if self.values not in _CODECS:
@@ -92,6 +95,8 @@ class CompressionConfig:
             raise ValueError(f"threshold must be a finite number >= 0, got {self.threshold}")
         if self.residual_capacity < 0:
             raise ValueError(f"residual_capacity must be >= 0 rows, got {self.residual_capacity}")
+        if self.k_rounding not in ("ceil", "stochastic"):
+            raise ValueError(f"k_rounding must be 'ceil' or 'stochastic', got {self.k_rounding!r}")
         if self.on_evict not in ("flush", "drop"):
             raise ValueError(f"on_evict must be 'flush' or 'drop', got {self.on_evict!r}")
 
@@ -280,9 +285,14 @@ class GradientCompressor:
     def _select(self, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         cfg, n = self.config, acc.shape[0]
         if cfg.sparsify == "topk":
-            k = min(n, max(1, math.ceil(cfg.density * n))) if n else 0
+            if cfg.k_rounding == "stochastic":  # E[k] = density * n; may be 0 (send nothing)
+                k = min(n, math.floor(cfg.density * n + self._rng.random()))
+            else:
+                k = min(n, max(1, math.ceil(cfg.density * n))) if n else 0
             if k == n:
                 return np.arange(n), None
+            if k == 0:
+                return np.zeros(0, np.int64), None
             norms = np.einsum("ij,ij->i", acc, acc)
             top = np.argpartition(-norms, k - 1)[:k]
             return np.sort(top), None
@@ -399,6 +409,12 @@ class _Reader:
         arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
         self.pos += size
         return arr
+
+
+def is_empty(payload: bytes) -> bool:
+    """True when a payload carries no rows and no flushed residuals (need not be sent)."""
+    _, _, _, _, _, n_rows, _, n_flush = _HEADER.unpack_from(payload)
+    return n_rows == 0 and n_flush == 0
 
 
 def decode(payload: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -260,7 +260,9 @@ _CAT_SEEDS = np.concatenate([_field_seed(j) for j in range(CRITEO_CATEGORICAL)])
 def _describe(line: bytes) -> str:
     tabs = line.count(b"\t") + 1
     hint = ""
-    if tabs == 1 and line.count(b",") >= 5:
+    if tabs == _CRITEO_FIELDS - 1:
+        hint = " (no label column: Criteo's unlabelled test file? prepend a label)"
+    elif tabs == 1 and line.count(b",") >= 5:
         hint = f" ({line.count(b',') + 1} comma-separated: a CSV file?)"
     elif b":" in line and tabs <= 2:
         hint = " (idx:val tokens: a libsvm file? read it with read_libsvm)"

@@ -21,7 +21,11 @@ n_parts, step), ``n_parts`` x ``<HI`` (table index, count) and the payload:
 * ``PUSH``: the ids, then the float32 (count, dim) gradients, concatenated; ids must be unique
   per part (the client sums per ID). With flag 1 every part is a :mod:`compress` payload and
   count is its byte length. Gradients of IDs without a row are dropped and counted in stats.
-* ``SAVE``: optional JSON metadata (e.g. a stream offset) stored with the checkpoint.
+* ``SAVE``: optional JSON metadata (e.g. a stream offset) stored with the checkpoint; with an
+  integer ``seq`` in it the file is generation ``seq``'s (:mod:`coadapt.sparse.checkpoint`).
+* ``COUNT``: uint64 ids then uint32 clicks, one per occurrence: exposure/click counters.
+* ``LOAD``: JSON ``{"seq": n}``: replace the state by generation ``n``'s file (a rollback to the
+  last complete checkpoint).
 * ``STATS`` / ``HELLO`` / ``PING`` / ``SHUTDOWN``: no payload; JSON reply.
 
 Reply: ``u32 body_len``, ``u8 status`` (0 ok, 1 error with a UTF-8 message) and the body.
@@ -55,6 +59,7 @@ import numpy.typing as npt
 
 from coadapt.sparse._atomic import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64
+from coadapt.sparse.checkpoint import read_manifest, shard_file
 from coadapt.sparse.compress import decode
 from coadapt.sparse.optim import RowOptimizer, make_row_optimizer
 from coadapt.sparse.table import EmbeddingTable
@@ -68,6 +73,7 @@ __all__ = [
     "OP_SHUTDOWN",
     "OP_STATS",
     "SHARD_SALT",
+    "CallerMemo",
     "ServerConfig",
     "ServerProcess",
     "ShardState",
@@ -83,6 +89,7 @@ __all__ = [
 
 SHARD_SALT = np.uint64(0x5A4D_C0DE_D15C_0B01)
 OP_PULL, OP_PUSH, OP_SAVE, OP_STATS, OP_HELLO, OP_PING, OP_SHUTDOWN = 1, 2, 3, 4, 5, 6, 7
+OP_COUNT, OP_LOAD = 8, 9
 FLAG_COMPRESSED = 1
 REQ = struct.Struct("<BBHQ")
 PART = struct.Struct("<HI")
@@ -113,6 +120,7 @@ class TableSpec:
     admit_after: int = 1
     ttl: float | None = None
     max_rows: int = 1 << 24
+    counters: bool = False  # per-row exposure/click counters (COUNT requests)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -126,7 +134,16 @@ class TableSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TableSpec:
-        allowed = {"name", "dim", "optimizer", "hparams", "admit_after", "ttl", "max_rows"}
+        allowed = {
+            "name",
+            "dim",
+            "optimizer",
+            "hparams",
+            "admit_after",
+            "ttl",
+            "max_rows",
+            "counters",
+        }
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise ValueError(
@@ -143,6 +160,46 @@ def _specs_json(specs: Sequence[TableSpec]) -> list[dict[str, Any]]:
 def checkpoint_path(ckpt_dir: str | os.PathLike[str], shard: int, num_shards: int) -> Path:
     """One file per shard: ``shard-<i>-of-<n>.ckpt``."""
     return Path(ckpt_dir) / f"shard-{shard:03d}-of-{num_shards:03d}.ckpt"
+
+
+class CallerMemo:
+    """What one caller (a connection, a local store) reuses between its requests.
+
+    * The row indices of its last pull of each table: the push that follows with the same IDs
+      (``s = 0`` training pushes exactly the IDs it pulled) skips the hash lookup. They are
+      valid only while the table object and its ``generation`` are unchanged — any insert,
+      move, growth, deletion or expiry (by any caller) bumps it — and only for identical IDs.
+    * Scratch buffers that grow and are reused: a fresh multi-MB numpy array costs a page fault
+      per 4 KiB page on first touch, more than the row gather itself.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[EmbeddingTable, int, npt.NDArray[np.uint64], Any]] = {}
+        self._bufs: dict[str, bytearray] = {}
+
+    def remember(
+        self, t: int, table: EmbeddingTable, ids: npt.NDArray[np.uint64], idx: Any
+    ) -> None:
+        self._last[t] = (table, table.generation, ids.copy(), idx)
+
+    def recall(self, t: int, table: EmbeddingTable, ids: npt.NDArray[np.uint64]) -> Any:
+        """The remembered indices of ``ids`` if still valid, else ``None`` (used once)."""
+        hit = self._last.pop(t, None)
+        if hit is None or hit[0] is not table or hit[1] != table.generation:
+            return None
+        return hit[3] if np.array_equal(hit[2], ids) else None
+
+    def buffer(self, name: str, nbytes: int) -> memoryview:
+        """A reusable writable buffer of ``nbytes`` (contents undefined)."""
+        buf = self._bufs.get(name)
+        if buf is None or len(buf) < nbytes:
+            buf = bytearray(max(nbytes, 2 * len(buf) if buf is not None else 0))
+            self._bufs[name] = buf
+        return memoryview(buf)[:nbytes]
+
+    def floats(self, name: str, shape: tuple[int, int]) -> npt.NDArray[np.float32]:
+        n = shape[0] * shape[1]
+        return np.frombuffer(self.buffer(name, 4 * n), np.float32, n).reshape(shape)
 
 
 class ShardState:
@@ -170,6 +227,7 @@ class ShardState:
                 ttl=s.ttl,
                 admit_after=s.admit_after,
                 max_rows=s.max_rows,
+                counters=s.counters,
                 seed=seed,
             )
             for s, o in zip(specs, self.opts, strict=True)
@@ -187,8 +245,17 @@ class ShardState:
                 return i
         raise KeyError(f"no sparse table {name!r}; tables: {[s.name for s in self.specs]}")
 
-    def pull(self, t: int, ids: npt.NDArray[np.uint64], now: float | None = None) -> np.ndarray:
-        """Weights of ``ids`` (zero rows for IDs not admitted yet); creates admitted rows."""
+    def pull(
+        self,
+        t: int,
+        ids: npt.NDArray[np.uint64],
+        now: float | None = None,
+        out: npt.NDArray[np.float32] | None = None,
+        memo: CallerMemo | None = None,
+    ) -> np.ndarray:
+        """Weights of ``ids`` (zero rows for IDs not admitted yet); creates admitted rows.
+        Written into ``out`` ((n, dim) float32) when given; ``memo`` remembers the indices
+        for the caller's next push and lends scratch space."""
         spec, table, opt, rng = self.specs[t], self.tables[t], self.opts[t], self.rngs[t]
         dim = spec.dim
         idx, _ = table.lookup_or_insert(
@@ -197,11 +264,16 @@ class ShardState:
             init=lambda r: opt.init_rows(r, dim, rng),
         )
         self.pulled_rows += ids.size
+        if out is None:
+            out = np.empty((ids.size, dim), np.float32)
+        scratch = None if memo is None else memo.floats("gather", (ids.size, table.width))
+        if memo is not None:
+            memo.remember(t, table, ids, idx)
         if idx.size and idx.min() >= 0:
-            return table.weights(idx)
-        out = np.zeros((ids.size, dim), np.float32)
+            return table.weights(idx, out, scratch)
         ok = idx >= 0
-        out[ok] = table.weights(idx[ok])
+        out[~ok] = 0.0
+        out[ok] = table.weights(idx[ok], None, scratch)
         return out
 
     def push(
@@ -210,15 +282,24 @@ class ShardState:
         ids: npt.NDArray[np.uint64],
         grads: np.ndarray,
         now: float | None = None,
+        memo: CallerMemo | None = None,
     ) -> None:
-        """Apply summed gradients of unique ``ids``: look up, read, update, write back at once."""
+        """Apply summed gradients of unique ``ids``: look up, read, update, write back at once.
+
+        With a ``memo`` holding this caller's pull of exactly these IDs at the table's current
+        generation, the lookup is skipped (the rows cannot have moved since)."""
         spec, table = self.specs[t], self.tables[t]
         if grads.shape != (ids.size, spec.dim):
             raise ValueError(
                 f"table {spec.name!r}: gradients must be ({ids.size}, {spec.dim}), got "
                 f"{grads.shape}"
             )
-        idx = table.lookup(ids, now=now if spec.ttl is not None else None)
+        tnow = now if spec.ttl is not None else None
+        idx = None if memo is None else memo.recall(t, table, ids)
+        if idx is None:
+            idx = table.lookup(ids, now=tnow)
+        elif tnow is not None:
+            table.touch(idx, tnow)
         ok = idx >= 0
         if not ok.all():
             self.dropped_grad_rows += int(ok.size - np.count_nonzero(ok))
@@ -226,10 +307,26 @@ class ShardState:
         if idx.size == 0:
             return
         self.steps[t] += 1
-        rows = table.rows(idx)
+        buf = None if memo is None else memo.floats("rows", (idx.size, table.width))
+        rows = table.rows(idx, buf)
         self.opts[t].apply(rows, np.ascontiguousarray(grads, np.float32), spec.dim, self.steps[t])
-        table.write_rows(idx, rows)
+        table._write_rows_unchecked(idx, rows)  # idx came from a lookup at this generation
         self.pushed_rows += idx.size
+
+    def count(self, t: int, ids: npt.NDArray[np.uint64], clicks: np.ndarray) -> None:
+        """One exposure per occurrence in ``ids`` and ``clicks`` per occurrence, on present rows."""
+        self.tables[t].count(ids, clicks)
+
+    def counter_totals(self) -> dict[str, list[int]]:
+        """[exposures, clicks] summed over the rows of each table that keeps counters."""
+        out: dict[str, list[int]] = {}
+        for s, tb in zip(self.specs, self.tables, strict=True):
+            if s.counters:
+                tot = np.zeros(2, np.int64)
+                for occ, _ in tb._iter_slots(1 << 16):
+                    tot += tb.counters(occ).sum(axis=0, dtype=np.int64)
+                out[s.name] = [int(tot[0]), int(tot[1])]
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -242,6 +339,8 @@ class ShardState:
             "pulled_rows": self.pulled_rows,
             "pushed_rows": self.pushed_rows,
             "dropped_grad_rows": self.dropped_grad_rows,
+            "counters": self.counter_totals(),
+            "seq": self.meta.get("seq"),
         }
 
     # ------------------------------------------------------------------ checkpoints
@@ -339,14 +438,16 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        memo = CallerMemo()  # this connection's pull indices and reusable buffers
         while True:
             try:
                 (blen,) = LEN.unpack(recv_exact(sock, 4))
             except ConnectionError:
                 return
-            body = recv_exact(sock, blen)
+            # the request buffer is reused: dispatch's replies never alias it
+            body = recv_exact(sock, blen, memo.buffer("request", blen))
             try:
-                out = self.server.dispatch(body)
+                out = self.server.dispatch(body, memo)
                 status = 0
             except Exception as exc:  # reported to the client, never kills the server
                 out = [f"{type(exc).__name__}: {exc}".encode()]
@@ -367,7 +468,9 @@ class _TCPServer(socketserver.ThreadingTCPServer):
         self.lock = threading.Lock()
         self.stopping = False
 
-    def dispatch(self, body: memoryview) -> list[Any]:
+    def dispatch(self, body: memoryview, memo: CallerMemo | None = None) -> list[Any]:
+        """Run one request; ``memo`` is the connection's (its buffers back the pull reply,
+        which is sent before the connection's next request is read)."""
         op, flags, n_parts, step = REQ.unpack_from(body)
         off = REQ.size
         parts = [PART.unpack_from(body, off + i * PART.size) for i in range(n_parts)]
@@ -379,12 +482,21 @@ class _TCPServer(socketserver.ThreadingTCPServer):
         if op == OP_PULL:
             total = sum(c for _, c in parts)
             ids = np.frombuffer(body, np.uint64, total, off)
+            width = sum(c * st.specs[t].dim for t, c in parts)
+            reply = (
+                np.empty(width, np.float32)
+                if memo is None
+                else np.frombuffer(memo.buffer("reply", 4 * width), np.float32, width)
+            )
             out: list[Any] = []
-            pos = 0
+            pos = roff = 0
             with self.lock:
                 for t, c in parts:
-                    out.append(st.pull(t, ids[pos : pos + c], now=step))
+                    dim = st.specs[t].dim
+                    dst = reply[roff : roff + c * dim].reshape(c, dim)
+                    out.append(st.pull(t, ids[pos : pos + c], now=step, out=dst, memo=memo))
                     pos += c
+                    roff += c * dim
             return out
         if op == OP_PUSH:
             with self.lock:
@@ -401,7 +513,7 @@ class _TCPServer(socketserver.ThreadingTCPServer):
                     for t, c in parts:
                         dim = st.specs[t].dim
                         g = np.frombuffer(body, np.float32, c * dim, goff).reshape(c, dim)
-                        st.push(t, ids[pos : pos + c], g, now=step)
+                        st.push(t, ids[pos : pos + c], g, now=step, memo=memo)
                         pos += c
                         goff += 4 * c * dim
             return []
@@ -409,11 +521,34 @@ class _TCPServer(socketserver.ThreadingTCPServer):
             if self.ckpt_dir is None:
                 raise RuntimeError("this server has no checkpoint directory; start it with --ckpt")
             meta = json.loads(bytes(body[off:])) if len(body) > off else None
+            seq = meta.get("seq") if isinstance(meta, dict) else None
             with self.lock:
                 t0 = time.perf_counter()
-                path = st.save(checkpoint_path(self.ckpt_dir, st.shard, st.num_shards), meta)
+                dest = (
+                    checkpoint_path(self.ckpt_dir, st.shard, st.num_shards)
+                    if not isinstance(seq, int)
+                    else shard_file(self.ckpt_dir, st.shard, st.num_shards, seq)
+                )
+                path = st.save(dest, meta)
                 secs = time.perf_counter() - t0
             return [json.dumps({"path": str(path), "seconds": secs}).encode()]
+        if op == OP_COUNT:
+            total = sum(c for _, c in parts)
+            ids = np.frombuffer(body, np.uint64, total, off)
+            clicks = np.frombuffer(body, np.uint32, total, off + 8 * total)
+            pos = 0
+            with self.lock:
+                for t, c in parts:
+                    st.count(t, ids[pos : pos + c], clicks[pos : pos + c])
+                    pos += c
+            return []
+        if op == OP_LOAD:
+            if self.ckpt_dir is None:
+                raise RuntimeError("this server has no checkpoint directory; start it with --ckpt")
+            want = json.loads(bytes(body[off:]))["seq"]
+            with self.lock:
+                self.state = st = _load_generation(self.ckpt_dir, st, int(want))
+            return [json.dumps({"seq": want}).encode()]
         if op == OP_STATS:
             with self.lock:
                 return [json.dumps(dict(st.stats(), pid=os.getpid())).encode()]
@@ -461,10 +596,33 @@ class ServerConfig:
         return cls(**d)
 
 
+def _load_generation(ckpt_dir: str, current: ShardState, seq: int) -> ShardState:
+    """This shard's file of generation ``seq``, checked against the running shard's layout."""
+    path = shard_file(ckpt_dir, current.shard, current.num_shards, seq)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: generation {seq} has no file for shard {current.shard}; the manifest "
+            "names a generation whose shard files were removed"
+        )
+    state = ShardState.load(path)
+    if state.meta.get("seq") != seq:
+        raise ValueError(f"{path}: header says generation {state.meta.get('seq')}, not {seq}")
+    if [asdict(s) for s in state.specs] != [asdict(s) for s in current.specs]:
+        raise ValueError(
+            f"{path}: checkpoint table specs differ from this server's config; use a new "
+            "checkpoint directory or the original table specs"
+        )
+    return state
+
+
 def serve(cfg: ServerConfig, port_file: str | None = None) -> None:
     """Run one shard until SHUTDOWN or SIGTERM; resumes from its checkpoint file if present."""
     state: ShardState | None = None
-    if cfg.ckpt_dir is not None:
+    committed = read_manifest(cfg.ckpt_dir) if cfg.ckpt_dir is not None else None
+    if cfg.ckpt_dir is not None and committed is not None:
+        fresh = ShardState(cfg.tables, cfg.shard, cfg.num_shards, cfg.seed)
+        state = _load_generation(cfg.ckpt_dir, fresh, committed.seq)
+    elif cfg.ckpt_dir is not None:
         ck = checkpoint_path(cfg.ckpt_dir, cfg.shard, cfg.num_shards)
         if ck.exists():
             state = ShardState.load(ck)
@@ -524,14 +682,16 @@ def launch_servers(
     seed: int = 0,
     host: str = "127.0.0.1",
     start_timeout: float = 60.0,
+    only: Sequence[int] | None = None,
 ) -> list[ServerProcess]:
     """Start ``num_shards`` shard processes on ``host`` (ephemeral ports) and wait until each
-    listens. Reuses each shard's checkpoint in ``ckpt_dir`` when present."""
+    listens. Reuses each shard's checkpoint in ``ckpt_dir`` when present. ``only`` starts just
+    those shards (restarting a dead one)."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     out: list[ServerProcess] = []
     try:
-        for i in range(num_shards):
+        for i in range(num_shards) if only is None else only:
             cfg = ServerConfig(
                 list(tables),
                 i,

@@ -260,6 +260,9 @@ class EmbeddingTable:
         self._nb = np.array([self._ladder(s, 0) for s in range(segments)], dtype=np.int64)
         self._size = np.zeros(segments, dtype=np.int64)
         self._touched = self._nb.copy()  # high-water bucket count per segment (committed pages)
+        # Bumped whenever a key may change slot (insert, move, grow, delete, expiry): a row
+        # index obtained at generation g is still valid while the generation is still g.
+        self.generation = 0
         if initial_rows > 0:
             need = np.full(segments, math.ceil(initial_rows / segments * 1.02) + 1, dtype=np.int64)
             for s in range(segments):
@@ -313,16 +316,29 @@ class EmbeddingTable:
 
     def _find(self, stored: npt.NDArray[np.uint64], seg: I64Array) -> I64Array:
         g1, g2 = self._buckets(stored, seg)
-        m = self._keys2d[g1] == stored[:, None]
-        hit = m.any(axis=1)
-        slot = np.where(hit, g1 * BUCKET + m.argmax(axis=1), -1)
+        hit, pos = self._match(g1, stored)
+        slot = np.where(hit, g1 * BUCKET + pos, -1)
         miss = np.flatnonzero(~hit)
         if miss.size:
-            m2 = self._keys2d[g2[miss]] == stored[miss, None]
-            hit2 = m2.any(axis=1)
+            hit2, pos2 = self._match(g2[miss], stored[miss])
             sel = miss[hit2]
-            slot[sel] = g2[sel] * BUCKET + m2[hit2].argmax(axis=1)
+            slot[sel] = g2[sel] * BUCKET + pos2[hit2]
         return slot
+
+    def _match(
+        self, buckets: I64Array, stored: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.bool_], I64Array]:
+        """(found, slot within the bucket) of each key in its bucket. The 8 x 8-byte bucket is
+        gathered as one 64-byte item, and the 8 match flags are read as one uint64 whose
+        lowest set byte is the slot (a key is stored at most once per bucket)."""
+        line = np.dtype((np.void, 8 * BUCKET))
+        got = np.take(self._keys2d.view(line).reshape(-1), buckets)
+        m = got.view(np.uint64).reshape(-1, BUCKET) == stored[:, None]
+        if sys.byteorder != "little":  # pragma: no cover - the flag trick needs little-endian
+            return m.any(axis=1), m.argmax(axis=1)
+        flags = m.view(np.uint64).reshape(-1)
+        low = flags & (~flags + np.uint64(1))  # lowest set bit
+        return flags != 0, (np.bitwise_count(low - np.uint64(1)) >> 3).astype(np.int64)
 
     # ------------------------------------------------------------------ placement
     def _payload(
@@ -341,6 +357,7 @@ class EmbeddingTable:
         age: npt.NDArray[Any] | None,
         cnt: npt.NDArray[np.uint32] | None,
     ) -> None:
+        self.generation += 1
         self._keys[slot] = stored
         self._rows[slot] = rows
         if self._age is not None and age is not None:
@@ -370,6 +387,7 @@ class EmbeddingTable:
         cap = int(self._nb[s]) * BUCKET
         occ = np.flatnonzero(self._keys[base : base + cap]) + base
         items = self._read(occ)
+        self.generation += 1
         self._keys[base : base + cap] = 0
         self._size[s] = 0
         return items
@@ -567,13 +585,41 @@ class EmbeddingTable:
             self.touch(idx, now)
         return idx
 
-    def rows(self, idx: npt.ArrayLike) -> F32Array:
-        """Copy of full rows (weights + optimizer state), float32 (n, width)."""
-        return self._rows[np.asarray(idx, dtype=np.int64)]
+    def _row_view(self) -> np.ndarray:
+        """The row array seen as one opaque ``width * 4``-byte item per row: a gather or
+        scatter of whole rows is then one ``memcpy`` per row (several times faster than 2-D
+        fancy indexing, which walks the row element by element)."""
+        return self._rows.view(np.dtype((np.void, 4 * self.width))).reshape(-1)
 
-    def weights(self, idx: npt.ArrayLike) -> F32Array:
-        """Copy of the embedding part, float32 (n, dim)."""
-        return self._rows[np.asarray(idx, dtype=np.int64), : self.dim]
+    def rows(self, idx: npt.ArrayLike, out: F32Array | None = None) -> F32Array:
+        """Copy of full rows (weights + optimizer state), float32 (n, width); into ``out``
+        (C-contiguous (n, width) float32) when given, which spares a fresh allocation."""
+        i = np.asarray(idx, dtype=np.int64)
+        if out is None:
+            out = np.empty((i.size, self.width), np.float32)
+        elif out.shape != (i.size, self.width) or out.dtype != np.float32:
+            raise ValueError(f"out must be float32 ({i.size}, {self.width}), got {out.shape}")
+        if i.size and i.min() < 0:
+            raise IndexError("rows got a negative index (-1 marks an ID without a row)")
+        flat = out.view(np.dtype((np.void, 4 * self.width))).reshape(-1)
+        np.take(self._row_view(), i, out=flat)
+        return out
+
+    def weights(
+        self, idx: npt.ArrayLike, out: F32Array | None = None, scratch: F32Array | None = None
+    ) -> F32Array:
+        """Copy of the embedding part, float32 (n, dim), into ``out`` when given. ``scratch``
+        (>= n x width float32, C-contiguous) holds the gathered full rows on the way."""
+        i = np.asarray(idx, dtype=np.int64)
+        if out is None:
+            out = np.empty((i.size, self.dim), np.float32)
+        if self.width == self.dim:
+            return self.rows(i, out)
+        need = i.size * self.width
+        buf = scratch.reshape(-1)[:need] if scratch is not None and scratch.size >= need else None
+        full = self.rows(i, None if buf is None else buf.reshape(i.size, self.width))
+        np.copyto(out, full[:, : self.dim])
+        return out
 
     def state(self, idx: npt.ArrayLike) -> F32Array:
         """Copy of the optimizer-state part, float32 (n, width - dim)."""
@@ -587,7 +633,12 @@ class EmbeddingTable:
             raise ValueError(f"values must have shape ({i.size}, {self.width}), got {v.shape}")
         if i.size and (i.min() < 0 or not bool(np.all(self._keys[i] != 0))):
             raise IndexError("write_rows got an index that is not a live row (-1 or stale index)")
-        self._rows[i] = v
+        self._write_rows_unchecked(i, v)
+
+    def _write_rows_unchecked(self, idx: I64Array, values: F32Array) -> None:
+        """``write_rows`` for indices known live (same generation as the lookup that made them)."""
+        v = np.ascontiguousarray(values, dtype=np.float32)
+        self._row_view()[idx] = v.view(np.dtype((np.void, 4 * self.width))).reshape(-1)
 
     def delete(self, keys: npt.ArrayLike) -> int:
         """Remove rows by key; returns how many existed. Freed slots are reused by inserts."""
@@ -597,6 +648,7 @@ class EmbeddingTable:
         idx = self._find(stored, seg)
         hit = idx >= 0
         slots, first = np.unique(idx[hit], return_index=True)
+        self.generation += 1
         self._keys[slots] = 0
         self._size -= np.bincount(seg[hit][first], minlength=self.segments)
         return int(slots.size)
@@ -616,6 +668,7 @@ class EmbeddingTable:
             dead = (keys != 0) & (((cur - ages) & mask) >= self._age_threshold)
             n = int(np.count_nonzero(dead))
             if n:
+                self.generation += 1
                 keys[dead] = 0
                 self._size[s] -= n
                 dropped += n

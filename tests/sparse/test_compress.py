@@ -8,6 +8,7 @@ from coadapt.sparse.compress import (
     GradientCompressor,
     ResidualTable,
     decode,
+    is_empty,
     raw_nbytes,
 )
 
@@ -184,3 +185,32 @@ def test_bad_input_is_rejected_clearly() -> None:
         decode(good[:-3])
     with pytest.raises(ValueError, match="magic"):
         decode(b"XXXX" + good[4:])
+
+
+def test_stochastic_k_sends_density_rows_on_average_and_keeps_the_rest() -> None:
+    """k = floor(density * n + u): small pushes often send nothing; no mass is lost."""
+    cfg = CompressionConfig("fp32", "topk", density=0.01, k_rounding="stochastic", seed=3)
+    comp = GradientCompressor(4, cfg)
+    rng = np.random.default_rng(0)
+    ids = np.arange(40, dtype=np.uint64)
+    sent_rows, empty, delivered = 0, 0, np.zeros(4, np.float32)
+    total = np.zeros(4, np.float64)
+    for _ in range(400):
+        g = rng.standard_normal((40, 4)).astype(np.float32)
+        total += g.sum(axis=0)
+        payload = comp.encode(ids, g)
+        got_ids, got = decode(payload)
+        sent_rows += got_ids.size
+        empty += is_empty(payload)
+        delivered += got.sum(axis=0)
+    assert 0.3 * 400 < sent_rows < 0.5 * 400  # E = 0.4 rows per push
+    assert empty > 200  # most pushes carry nothing and need not be sent
+    np.testing.assert_allclose(delivered + comp.residuals.total(), total, rtol=1e-4, atol=1e-3)
+    assert not is_empty(comp.flush()) and is_empty(
+        comp.encode(ids[:0], np.zeros((0, 4), np.float32))
+    )
+
+
+def test_k_rounding_is_validated() -> None:
+    with pytest.raises(ValueError, match="k_rounding"):
+        CompressionConfig(k_rounding="floor")  # type: ignore[arg-type]

@@ -207,3 +207,20 @@ def test_criteo_parse_rate_is_reported(tmp_path: Path) -> None:
     rate = n / max(time.process_time() - t, 1e-9)
     assert n == 20_000
     assert rate > 20_000 and math.isfinite(rate)
+
+
+def test_a_file_with_the_wrong_field_count_stops_naming_line_and_count(tmp_path: Path) -> None:
+    """Criteo's unlabelled test file has 39 fields: every line is short, so it is not skipped
+    line by line but refused at once with what was expected and what was found."""
+    no_label = [_criteo_line(*_sample(i)).split("\t", 1)[1] for i in range(12)]
+    path = tmp_path / "test.txt"
+    path.write_text("\n".join(no_label) + "\n")
+    with pytest.raises(FormatError, match=r"line 1 has 39 tab-separated.*no label column"):
+        next(read_criteo(path))
+    # One bad first line among good ones is a malformed line: counted, logged with line 1.
+    mixed = tmp_path / "mixed.tsv"
+    mixed.write_text("\n".join([no_label[0]] + [_criteo_line(*_sample(i)) for i in range(5)]))
+    stats = ParseStats()
+    assert sum(len(b) for b in read_criteo(mixed, stats=stats)) == 5
+    assert stats.malformed == 1 and stats.first_malformed[0][0] == 1
+    assert "found 39" in stats.first_malformed[0][1]

@@ -10,6 +10,7 @@ import pytest
 
 from coadapt.sparse.client import PSClient
 from coadapt.sparse.server import (
+    CallerMemo,
     ShardState,
     TableSpec,
     checkpoint_path,
@@ -128,3 +129,40 @@ def test_kill9_then_restart_serves_checkpointed_rows(tmp_path: Path) -> None:
         np.testing.assert_array_equal(c2.pull({"a": ids})["a"], saved)
         assert all(s["tables"]["a"]["rows"] > 0 for s in c2.stats())
     assert time.monotonic() - t0 < 60
+
+
+def test_push_reuses_the_pull_indices_only_while_they_are_valid() -> None:
+    """A caller's push of exactly the IDs it pulled skips the lookup; any insert in between
+    (here another caller's pull of new IDs) bumps the generation and forces a fresh lookup.
+    Either way the result equals the memo-less path bit for bit."""
+    specs = [TableSpec("a", 4, "rowwise_adagrad", {"lr": 0.1})]
+    fast, ref = ShardState(specs, seed=1), ShardState(specs, seed=1)
+    memo = CallerMemo()
+    lookups = 0
+    real_lookup = fast.tables[0].lookup
+
+    def counting_lookup(*a: object, **kw: object) -> np.ndarray:
+        nonlocal lookups
+        lookups += 1
+        return real_lookup(*a, **kw)  # type: ignore[arg-type]
+
+    fast.tables[0].lookup = counting_lookup  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    ids = np.arange(100, dtype=np.uint64)
+    for step in range(4):
+        np.testing.assert_array_equal(fast.pull(0, ids, memo=memo), ref.pull(0, ids))
+        if step == 2:  # someone else inserts rows between this caller's pull and push
+            fresh = np.arange(1000, 1300, dtype=np.uint64)
+            fast.pull(0, fresh)
+            ref.pull(0, fresh)
+        g = rng.standard_normal((ids.size, 4)).astype(np.float32)
+        fast.push(0, ids, g, memo=memo)
+        ref.push(0, ids, g)
+        assert lookups == (1 if step >= 2 else 0)
+    fast.push(0, ids[::-1].copy(), g, memo=memo)  # other IDs than pulled: looked up
+    ref.push(0, ids[::-1].copy(), g)
+    assert lookups == 2
+    idx = ref.tables[0].lookup(ids)
+    np.testing.assert_array_equal(
+        fast.tables[0].rows(fast.tables[0].lookup(ids)), ref.tables[0].rows(idx)
+    )
