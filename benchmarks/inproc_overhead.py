@@ -7,6 +7,11 @@ measurement on, batch pinned at 64) alternate in the same interpreter on the sam
 ratio isolates what the library itself adds per step.
 
     python benchmarks/inproc_overhead.py --json out/inproc.json
+
+``--callgrind plain|library`` runs one loop under ``valgrind --tool=callgrind
+--instr-atstart=no`` (``train_bench.instructions_ratio`` starts it): after a warm-up the script
+switches instrumentation on for ``--steps`` steps only, so the count is instructions per
+steady-state step, independent of the machine's load.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +53,13 @@ def plain_ms(train: torch.utils.data.Dataset, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1000
 
 
-def library_ms(train: torch.utils.data.Dataset, steps: int, batched: bool, tag: int) -> float:
+def library_ms(
+    train: torch.utils.data.Dataset,
+    steps: int,
+    batched: bool,
+    tag: int,
+    checkpoint_interval: float | None = None,
+) -> float:
     torch.manual_seed(0)
     loader = ct.AdaptiveDataLoader(
         train,
@@ -59,7 +71,9 @@ def library_ms(train: torch.utils.data.Dataset, steps: int, batched: bool, tag: 
     )
     net = CNN()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    model = ct.AdaptiveModel(net, opt, loader, name=f"model-{tag}")
+    model = ct.AdaptiveModel(
+        net, opt, loader, name=f"model-{tag}", checkpoint_interval=checkpoint_interval
+    )
     done, start = 0, time.perf_counter()
     for _ in loader.epochs(10**6):
         for x, y in loader:
@@ -72,15 +86,48 @@ def library_ms(train: torch.utils.data.Dataset, steps: int, batched: bool, tag: 
     return (time.perf_counter() - start) / steps * 1000
 
 
+def callgrind_steps(variant: str, steps: int) -> None:
+    """Warm up, then count two runs of one loop, of ``steps`` and ``2 * steps`` steps, each
+    dumped on its own: both include the loop's set-up once, so their difference is ``steps``
+    steady-state steps (instrumentation is on only around the two runs)."""
+    train, _, _ = digits()
+
+    def control(*args: str) -> None:
+        subprocess.run(
+            ["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True
+        )
+
+    if variant == "plain":
+        run = lambda n, tag: plain_ms(train, n)  # noqa: E731
+    elif variant == "library":
+        # No time-based checkpoints: callgrind runs a step ~50x slower, so their cadence
+        # (every 0.5 s in a young job, 0.1% of real time) would fire ~50x as often per step.
+        run = lambda n, tag: library_ms(train, n, False, tag, 0.0)  # noqa: E731
+    else:
+        raise SystemExit(f"--callgrind takes plain or library, not {variant!r}")
+    run(5, 0)
+    control("-i", "on")
+    run(steps, 1)
+    control("-d")
+    run(2 * steps, 2)
+    control("-d")
+    control("-i", "off")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--callgrind", default=None, help="plain|library: count one loop's steps")
     args = p.parse_args()
     torch.set_num_threads(1)
     os.environ["COADAPT_CHECKPOINT_DIR"] = tempfile.mkdtemp(prefix="coadapt-inproc-")
     ct.init()
+    if args.callgrind:
+        callgrind_steps(args.callgrind, args.steps)
+        ct.shutdown()
+        return 0
     train, _, _ = digits()
     plain, lib, libb = [], [], []
     plain_ms(train, 50)  # warm up both paths

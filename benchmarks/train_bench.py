@@ -12,6 +12,11 @@
   twin does not have, so it is reported separately.
 * overhead_cpu_*: the same ratios of per-step CPU time of the training thread (less sensitive to
   other processes on a shared machine; with 2 replicas it leaves out the gloo threads).
+* overhead_*_ci_low / _ci_high: the 95% bootstrap interval of the median ratio, resampling the
+  interleaved (plain, library) pairs (``bench_common.bootstrap_ratio_ci``); ``--repeats`` >= 10.
+* instructions_ratio_1r: instructions per optimizer step, library / plain, counted by
+  callgrind on steady-state steps of both loops (``inproc_overhead.py --callgrind``): does not
+  depend on the machine's load at all (``perf stat`` cannot read counters in this VM).
 * rescale_s: SIGUSR1 to an elastic 1-replica ``run-local --elastic`` job (control file says 2)
   → first optimizer step at 2 replicas, from the job's own ``first_step`` record: SIGTERM,
   checkpoint, exit, fork from the warm zygote, rendezvous, restore, first step.
@@ -31,54 +36,27 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: import the benchmarks package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_common import bootstrap_ratio_ci, load_average, run_local  # noqa: E402
+from benchmarks.bench_common import env as _env  # noqa: E402
+
 LIB = ROOT / "examples" / "digits_cnn.py"
 PLAIN = ROOT / "examples" / "plain" / "digits_cnn.py"
 PGNS_SCRIPT = ROOT / "examples" / "pgns_linear.py"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-def run_local(
-    replicas: int, script: Path, args: list[str], ckpt: Path | None = None, timeout: float = 300
-) -> str:
-    if ckpt is None:  # a fresh directory: no stale checkpoint, metrics not in the cwd
-        ckpt = Path(tempfile.mkdtemp(prefix="coadapt-bench-"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "coadapt.train.launch",
-        "-n",
-        str(replicas),
-        "--checkpoint-dir",
-        str(ckpt),
-    ]
-    proc = subprocess.run(
-        [*cmd, str(script), *args],
-        cwd=ROOT,
-        env=_env(),
-        timeout=timeout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
-    return proc.stdout
 
 
 PRELOAD = "sklearn.datasets,sklearn.model_selection"  # what the example imports besides torch
@@ -112,24 +90,111 @@ def step_time(replicas: int, variant: str, tmp: Path, steps: int) -> tuple[float
     )
 
 
-def overhead(replicas: int, tmp: Path, steps: int, repeats: int) -> dict[str, Any]:
-    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for _ in range(repeats):  # interleaved, so drifting machine load hits all alike
-        for variant in VARIANTS:
+def overhead(
+    replicas: int, tmp: Path, steps: int, repeats: int, variants: tuple[str, ...] = tuple(VARIANTS)
+) -> dict[str, Any]:
+    """Median ratios over interleaved repeats, with 95% bootstrap intervals of the pairs."""
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    for i in range(repeats):  # interleaved, so drifting machine load hits all alike
+        order = variants if i % 2 == 0 else variants[::-1]  # and neither side always first
+        for variant in order:
             w, c = step_time(replicas, variant, tmp, steps)
             wall[variant].append(w)
             cpu[variant].append(c)
     med = {v: statistics.median(x) for v, x in wall.items()}
     cmed = {v: statistics.median(x) for v, x in cpu.items()}
-    return {
-        "ratio": med["library"] / med["plain"],
-        "ratio_batched": med["library_batched"] / med["plain"],
-        "cpu_ratio": cmed["library"] / cmed["plain"],
-        "cpu_ratio_batched": cmed["library_batched"] / cmed["plain"],
+    res: dict[str, Any] = {
         "step_ms": {v: x * 1e3 for v, x in med.items()},
         "step_cpu_ms": {v: x * 1e3 for v, x in cmed.items()},
     }
+    for lib, suffix in (("library", ""), ("library_batched", "_batched")):
+        if lib not in variants:
+            continue
+        ratio, lo, hi = bootstrap_ratio_ci(wall[lib], wall["plain"])
+        cratio, clo, chi = bootstrap_ratio_ci(cpu[lib], cpu["plain"])
+        res.update(
+            {
+                f"ratio{suffix}": ratio,
+                f"ratio{suffix}_ci": [lo, hi],
+                f"cpu_ratio{suffix}": cratio,
+                f"cpu_ratio{suffix}_ci": [clo, chi],
+            }
+        )
+    return res
+
+
+def instructions_ratio(steps: int = 20) -> dict[str, float]:
+    """Instructions per optimizer step (library / plain) under callgrind, 1 replica.
+
+    Each loop runs in its own process under ``valgrind --tool=callgrind
+    --instr-atstart=no``; the script switches instrumentation on only around a run of
+    ``steps`` and one of ``2 * steps`` steps (after a warm-up), each dumped to its own file;
+    their difference is ``steps`` steady-state steps: neither imports, start-up nor the
+    loops' set-up (model, loader, optimizer) count.
+    """
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
+    per_step: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="coadapt-callgrind-") as d:
+        for variant in ("plain", "library"):
+            out = Path(d) / f"{variant}.out"
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--instr-atstart=no",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    str(ROOT / "benchmarks" / "inproc_overhead.py"),
+                    "--callgrind",
+                    variant,
+                    "--steps",
+                    str(steps),
+                ],
+                cwd=d,  # not the repository: a stray module there must not shadow the stdlib
+                env=_env(),
+                check=True,
+                capture_output=True,
+                timeout=1800,
+            )
+            dumps = []
+            for path in sorted(Path(d).glob(f"{variant}.out.*"), key=lambda q: int(q.suffix[1:])):
+                lines = path.read_text().splitlines()
+                dumps.append(sum(int(x.split()[1]) for x in lines if x.startswith("totals:")))
+            if len(dumps) < 2:
+                raise RuntimeError(f"callgrind wrote {len(dumps)} dumps for {variant}, need 2")
+            per_step[variant] = (dumps[1] - dumps[0]) / steps
+    return {
+        "instructions_per_step_plain": per_step["plain"],
+        "instructions_per_step_library": per_step["library"],
+        "instructions_ratio_1r": per_step["library"] / per_step["plain"],
+    }
+
+
+def robust_overhead(
+    repeats: int, log: Callable[[str], None], steps: int = 200, callgrind: bool = True
+) -> dict[str, Any]:
+    """The issue-19 overhead summary: plain vs library twin, >= 10 interleaved repeats at 1 and
+    2 replicas, median ratio and its 95% bootstrap interval, CPU ratio, instructions ratio."""
+    if repeats < 2:
+        raise ValueError(f"need >= 2 repeats for an interval, got {repeats}")
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="coadapt-overhead-") as d:
+        for k in (1, 2):
+            log(f"overhead at {k} replica(s): {repeats} interleaved (plain, library) pairs")
+            ov = overhead(k, Path(d), steps, repeats, ("plain", "library"))
+            res[f"overhead_{k}r"] = ov["ratio"]
+            res[f"overhead_{k}r_ci_low"], res[f"overhead_{k}r_ci_high"] = ov["ratio_ci"]
+            res[f"overhead_cpu_{k}r"] = ov["cpu_ratio"]
+            res[f"overhead_cpu_{k}r_ci"] = ov["cpu_ratio_ci"]
+            res[f"step_ms_{k}r"] = ov["step_ms"]
+            res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
+    if callgrind:
+        log("instructions per step under callgrind (plain, then library)")
+        res.update(instructions_ratio())
+    res["overhead_load"] = load_average()
+    return res
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -269,6 +334,7 @@ def rescale_executor(tmp: Path, warm: bool) -> float:
     as for a job that has been running); cold: ``COADAPT_WARM=0``, ``python`` + imports.
     """
     from coadapt.executors import LocalExecutor, ReplicaSpec
+    from coadapt.ports import free_port
 
     job = tmp / ("exec-warm" if warm else "exec-cold")
     ck = job / "checkpoints"
@@ -319,7 +385,7 @@ def rescale_executor(tmp: Path, warm: bool) -> float:
     handles = []
     try:
         handles = [
-            h for h in ex.launch_group(specs(1, 1, _free_port())) if not isinstance(h, Exception)
+            h for h in ex.launch_group(specs(1, 1, free_port())) if not isinstance(h, Exception)
         ]
         wait(lambda r: r.get("kind") == "progress" and r.get("step", 0) >= 60)
         t0 = time.time()
@@ -329,7 +395,7 @@ def rescale_executor(tmp: Path, warm: bool) -> float:
         while not all(ex.poll(h).done for h in handles) and time.monotonic() < deadline:
             time.sleep(0.01)
         handles = [
-            h for h in ex.launch_group(specs(2, 2, _free_port())) if not isinstance(h, Exception)
+            h for h in ex.launch_group(specs(2, 2, free_port())) if not isinstance(h, Exception)
         ]
         first = wait(lambda r: r.get("kind") == "first_step" and r.get("replicas") == 2)
     finally:
@@ -338,14 +404,6 @@ def rescale_executor(tmp: Path, warm: bool) -> float:
         for pid in _zygote_pids(job):
             os.kill(pid, signal.SIGKILL)
     return float(first["time"]) - t0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _zygote_pids(job: Path) -> list[int]:
@@ -406,14 +464,14 @@ def inproc_overhead(tmp: Path) -> dict[str, float]:
     return dict(json.loads(out.read_text()))
 
 
-PARTS = ("overhead", "inproc", "rescale", "rescale_executor", "pgns", "tta")
+PARTS = ("overhead", "instructions", "inproc", "rescale", "rescale_executor", "pgns", "tta")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--json", default=None, help="write results here")
     p.add_argument("--steps", type=int, default=200, help="steps per overhead run")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--target-accuracy", type=float, default=0.97)
     p.add_argument(
         "--parts", default=",".join(PARTS), help="comma-separated subset of " + ", ".join(PARTS)
@@ -432,11 +490,15 @@ def main() -> int:
                 log(f"overhead at {k} replica(s): {args.repeats} interleaved repeats")
                 ov = overhead(k, tmp, args.steps, args.repeats)
                 res[f"overhead_{k}r"] = ov["ratio"]
+                res[f"overhead_{k}r_ci_low"], res[f"overhead_{k}r_ci_high"] = ov["ratio_ci"]
                 res[f"overhead_batched_{k}r"] = ov["ratio_batched"]
                 res[f"overhead_cpu_{k}r"] = ov["cpu_ratio"]
                 res[f"overhead_cpu_batched_{k}r"] = ov["cpu_ratio_batched"]
                 res[f"step_ms_{k}r"] = ov["step_ms"]
                 res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
+        if "instructions" in parts:
+            log("instructions per step under callgrind")
+            res.update(instructions_ratio())
         if "inproc" in parts:
             log("in-process overhead")
             inproc = inproc_overhead(tmp)
@@ -460,11 +522,21 @@ def main() -> int:
             res["tta_target"] = args.target_accuracy
             res["tta_adaptive_s"] = tta(True, args.target_accuracy)
             res["tta_fixed_s"] = tta(False, args.target_accuracy)
-    goals = {"overhead_1r": 1.03, "overhead_2r": 1.03, "rescale_s": 5.0, "pgns_rel_err": 0.15}
+    goals = {
+        "overhead_1r": 1.03,
+        "overhead_2r": 1.03,
+        "overhead_1r_ci_high": 1.05,
+        "overhead_2r_ci_high": 1.05,
+        "rescale_s": 5.0,
+        "pgns_rel_err": 0.15,
+    }
     print(f"{'metric':<26}{'value':>10}  goal")
     for key in (
         "overhead_1r",
+        "overhead_1r_ci_high",
         "overhead_2r",
+        "overhead_2r_ci_high",
+        "instructions_ratio_1r",
         "overhead_batched_1r",
         "overhead_batched_2r",
         "overhead_cpu_1r",
@@ -495,6 +567,7 @@ def main() -> int:
     ):
         if key in res:
             print(f"{key}: " + ", ".join(f"{k} {v:.3f}" for k, v in res[key].items()))
+    res["load_average"] = load_average()
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     return 0

@@ -9,7 +9,11 @@ must run the very same rule or its results describe an agent that does not ship:
 * a **trust region**: M grows at most 2x per re-tune, because the model extrapolates poorly
   past what was profiled (the reason Pollux caps a job at 2x its GPUs);
 * an **adoption threshold** (:func:`should_adopt`): a change must be predicted to gain more
-  than 5%, since changing M perturbs the optimiser.
+  than 5%, since changing M perturbs the optimiser; except while the job has timed only one
+  micro-batch size (``explore``): then the throughput model's split of the step time into
+  fixed and per-sample cost is a prior, not a measurement, and on the examples it predicted
+  2-4% for growing, so the threshold kept jobs at M0 for good (issue 19). A larger optimum
+  is then tried at once: one more size is what lets the fit learn the split.
 
 ``artifact_compatible=True`` is the Pollux artifact simulator's rule instead: always take
 eq. 14's optimum over the job's full limits. ``benchmarks/reproduce_pollux.py`` uses it to
@@ -69,10 +73,16 @@ def split_total(total: int, replicas: int, max_local_bsz: int | None) -> tuple[i
 
 
 def trust_limits(limits: BatchLimits, current_batch: int) -> BatchLimits:
-    """``limits`` with M capped at ``TRUST_REGION`` times the current batch (never below M0)."""
+    """``limits`` with M capped at ``TRUST_REGION`` times the current batch (never below M0).
+
+    Also the shipped library's measurement: it takes the gradient noise between consecutive
+    steps too, so a single replica may grow M without accumulating (``accumulate_to_measure``
+    off). With it on, as in the artifact, growing one replica past M0 means m = M0, s = 1:
+    no throughput gain at all, so the agent never left M0 on one replica (issue 19).
+    """
     cap = max(int(TRUST_REGION * current_batch), limits.init_batch_size)
     upper = max(min(limits.max_batch_size, cap), limits.init_batch_size)
-    return replace(limits, max_batch_size=upper)
+    return replace(limits, max_batch_size=upper, accumulate_to_measure=False)
 
 
 def choose_batch(
@@ -86,12 +96,14 @@ def choose_batch(
     artifact_compatible: bool = False,
     min_measurements: int = MIN_MEASUREMENTS,
     threshold: float = ADOPT_THRESHOLD,
+    explore: bool = False,
 ) -> AgentChoice:
     """The (m, s) a job on ``nodes``/``replicas`` should train with next (pure).
 
     ``current`` is the job's (m, s) on these replicas, ``measurements`` the gradient-noise
     measurements it has taken, ``limits`` its batch bounds (``max_local_bsz`` is the
-    per-replica memory cap, learned after an OOM where applicable).
+    per-replica memory cap, learned after an OOM where applicable). ``explore``: the model
+    has timed one micro-batch size only, so a larger optimum is tried without the threshold.
     """
     m, s = current
     if model is None:
@@ -106,6 +118,8 @@ def choose_batch(
     best = (int(opt.local_bsz), int(opt.accum_steps))
     best_good = float(opt.goodput)
     cur_good = float(model.goodput(nodes, replicas, m, s))
-    if best != (m, s) and math.isfinite(best_good) and should_adopt(cur_good, best_good, threshold):
+    larger = best[0] * (best[1] + 1) > m * (s + 1)
+    gain = should_adopt(cur_good, best_good, 0.0 if explore and larger else threshold)
+    if best != (m, s) and math.isfinite(best_good) and gain:
         return AgentChoice(*best, Reason.ADOPTED, best, best_good, cur_good)
     return AgentChoice(m, s, Reason.KEPT, best, best_good, cur_good)

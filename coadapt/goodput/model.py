@@ -150,7 +150,10 @@ class BatchLimits:
     ``max_batch_size`` bounds the total batch M, ``min_local_bsz``/``max_local_bsz`` the
     per-GPU micro-batch m (the upper bound is the GPU memory limit), ``accumulation`` lets the
     job exceed the memory limit with gradient accumulation, and ``pinned_batch`` fixes M (the job
-    then only chooses how to split it).
+    then only chooses how to split it). ``accumulate_to_measure``: a single replica that grows
+    past M0 must accumulate at least once, because the Pollux artifact measures gradient noise
+    only between micro-batches; the shipped library also measures it between consecutive
+    steps, so its agent turns this off (else one replica never gains throughput by growing).
     """
 
     init_batch_size: int
@@ -159,6 +162,7 @@ class BatchLimits:
     max_local_bsz: int | None = None
     accumulation: bool = True
     pinned_batch: int | None = None
+    accumulate_to_measure: bool = True
 
     def __post_init__(self) -> None:
         if self.init_batch_size < 1:
@@ -275,6 +279,7 @@ class BatchColumns:
     max_batch: FloatArray  # (Q,)
     accumulation: NDArray[np.bool_]  # (Q,)
     pinned: FloatArray  # (Q,) pinned total batch, 0 where free
+    accumulate_to_measure: NDArray[np.bool_]  # (Q,) one replica past M0 accumulates
 
     @classmethod
     def of(
@@ -297,6 +302,9 @@ class BatchColumns:
             max_batch=rep([float(lim.max_batch_size) for lim in limits]),
             accumulation=np.repeat(np.array([lim.accumulation for lim in limits]), reps),
             pinned=rep([float(lim.pinned_batch or 0) for lim in limits]),
+            accumulate_to_measure=np.repeat(
+                np.array([lim.accumulate_to_measure for lim in limits]), reps
+            ),
         )
 
 
@@ -316,7 +324,7 @@ def optimize_columns(
     batch = np.where(pinned, cols.pinned, batch)
     local = batch / replicas
     accum = np.ceil(local / cols.upper_local - _EPS) - 1
-    needs_two = (replicas == 1) & (local > m0 + _EPS)
+    needs_two = (replicas == 1) & (local > m0 + _EPS) & cols.accumulate_to_measure
     accum = np.where(needs_two, np.maximum(accum, 1), accum)
     accum = np.where(cols.accumulation, np.maximum(accum, 0), 0.0)
     atomic = np.ceil(local / (accum + 1) - _EPS)

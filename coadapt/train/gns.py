@@ -39,6 +39,25 @@ def estimate(
     return sqr, trace
 
 
+def consecutive_estimate(gram: list[list[float]], bsz: float) -> tuple[float, float]:
+    """(|G|², tr Σ) from the 3x3 Gram matrix of three consecutive steps' gradients.
+
+    Consecutive steps see different weights: the true gradient drifts by D per step. Taking
+    two steps as two pieces of one gradient (the old estimator) counts that drift as noise,
+    tr Σ^ = tr Σ + b|D|²/2 and |G|²^ = |G|² − |D|²/4, which on the examples drove |G|²^ below
+    zero and the noise scale to 1e32 once the LR grew (AdaScale then scaled linearly). With
+    three steps g1, g2, g3 the second difference x = g2 − (g1 + g3)/2 cancels linear drift:
+    E|x|² = 1.5 tr Σ / b, and the cross products are unbiased for |G|² without subtracting
+    noise: E[g2·(g1 + g3)/2] = G2·(G1 + G3)/2.
+    """
+    if bsz <= 0:
+        raise ValueError(f"need a batch of at least one sample, got {bsz}")
+    (a, ab, ac), (_, b, bc), (_, _, c) = gram
+    sqr = 0.5 * (ab + bc)
+    second = b + 0.25 * (a + c + 2.0 * ac) - (ab + bc)
+    return sqr, float(bsz) * second / 1.5
+
+
 def sq_norm(tensors: list[torch.Tensor], pinv: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Σ |t / pinv|² over a list of tensors with fused (foreach) kernels, as a 0-d tensor."""
     if not tensors:
@@ -60,6 +79,7 @@ class GradNoiseEMA:
         self.trace = 0.0
         self.weight = 0.0  # 1 - smoothing**count, the bias correction
         self.count = 0
+        self._held: tuple[float, float] | None = None  # the last values with |G|² > 0
 
     def update(self, sqr: float, trace: float) -> None:
         if not (abs(sqr) < float("inf") and abs(trace) < float("inf")):
@@ -69,16 +89,27 @@ class GradNoiseEMA:
         self.trace = a * self.trace + (1 - a) * trace
         self.weight = a * self.weight + (1 - a)
         self.count += 1
+        if self.sqr / self.weight > _TINY:
+            self._held = (self.sqr / self.weight, max(self.trace / self.weight, 0.0))
 
     @property
     def ready(self) -> bool:
         return self.count > 0 and self.weight > 0
 
     def values(self) -> tuple[float, float]:
-        """Smoothed (|G|², tr Σ), clamped to sqr > 0 and tr >= 0."""
+        """Smoothed (|G|², tr Σ), with tr >= 0; while the smoothed |G|² is <= 0, the last
+        values that had it positive.
+
+        An EMA of |G|² at or below zero means noise swamped the window, not that the noise
+        scale is infinite: clamping it to ~0 made φ 1e32 on the examples (issue 19), so
+        AdaScale scaled the LR linearly and the agent took the largest batch allowed.
+        """
         if not self.ready:
             return 0.0, 0.0
-        return max(self.sqr / self.weight, _TINY), max(self.trace / self.weight, 0.0)
+        sqr, trace = self.sqr / self.weight, max(self.trace / self.weight, 0.0)
+        if sqr > _TINY:
+            return sqr, trace
+        return self._held if self._held is not None else (_TINY, trace)
 
     def grad_params(self, init_batch_size: int) -> GradParams | None:
         if not self.ready:
@@ -100,8 +131,11 @@ class GradNoiseEMA:
             "trace": self.trace,
             "weight": self.weight,
             "count": self.count,
+            "held": list(self._held) if self._held is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sqr, self.trace = float(state["sqr"]), float(state["trace"])
         self.weight, self.count = float(state["weight"]), int(state["count"])
+        held = state.get("held")
+        self._held = (float(held[0]), float(held[1])) if held else None

@@ -26,6 +26,7 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,8 @@ from coadapt.goodput import (
     GoodputModel,
     GradParams,
     LRRule,
+    Observations,
+    PerfParams,
     fit_perf_params,
     lr_factor,
 )
@@ -54,7 +57,7 @@ from coadapt.protocol import (
 )
 from coadapt.train.context import TrainConfigError
 from coadapt.train.data import AdaptiveDataLoader
-from coadapt.train.gns import GradNoiseEMA, estimate
+from coadapt.train.gns import GradNoiseEMA, consecutive_estimate, estimate
 from coadapt.train.memory import is_oom
 from coadapt.train.profile import Profile
 
@@ -70,6 +73,7 @@ _ADAPTIVE = (
 )
 _PRECONDITIONED = (torch.optim.Adam, torch.optim.AdamW)
 _WARMUP_STEPS = 3  # steps after a start or batch change that are not profiled
+_FOLLOWUP_STEPS = 6  # timed steps of a new configuration before the early re-tune
 # Periodic checkpoints may cost at most this fraction of the time between them (issue 13.2),
 CHECKPOINT_BUDGET = 0.02
 # and come often enough that a crash loses at most this share of the training time so far
@@ -80,8 +84,9 @@ CHECKPOINT_MIN_GAP = 0.5
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
-    """AdaScale for SGD-like optimizers, square root for adaptive ones (seed 000 §3.1)."""
-    return LRRule.SQRT if isinstance(optimizer, _ADAPTIVE) else LRRule.ADASCALE
+    """AdaScale (capped at the square-root rule) for SGD-like optimizers, square root for
+    adaptive ones (seed 000 §3.1; the cap: issue 19, see :mod:`coadapt.goodput.lr`)."""
+    return LRRule.SQRT if isinstance(optimizer, _ADAPTIVE) else LRRule.ADASCALE_SQRT
 
 
 class AdaptiveModel:
@@ -147,14 +152,20 @@ class AdaptiveModel:
         self._precondition = isinstance(optimizer, _PRECONDITIONED)
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._replicas = self.ctx.world_size
-        self._piece_scale: float | None = None  # set when _pair[0] holds a piece gradient
+        self._piece_scale: float | None = None  # set when _rows[0] holds a piece gradient
         self._prev_bsz = 0
-        self._pair: torch.Tensor | None = None  # (2, P): piece (or previous) and current grads
+        self._consecutive = 0  # s = 0, K = 1: rows of _rows holding this run of steps' grads
+        # (3, P): piece and total gradients (s > 0), or three consecutive steps' (s = 0)
+        self._rows: torch.Tensor | None = None
         self._local_sq: torch.Tensor | None = None
         self._global_parts: list[torch.Tensor] = []
         self._extra: torch.Tensor | None = None
         self._flags: dict[tuple[bool, bool], torch.Tensor] = {}
         self._warmup = _WARMUP_STEPS
+        self._followup = -1  # the step of an early re-tune after a batch change
+        self._perf: PerfParams | None = None  # the last θ_sys fit, and the profile it saw
+        self._fit_version: tuple[Any, ...] = ()
+        self._blas: Any = None  # a threadpoolctl controller, made at the first fit
         self._stop_pending = False
         self._save_pending = False
         self._last_save = time.monotonic()
@@ -173,6 +184,10 @@ class AdaptiveModel:
             self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
         self._update_lr_scale()
         self.ctx.restore_rng()
+        if self.adapt and loader.max_batch_size > loader.init_batch_size:
+            # The first fit imports SciPy's optimiser (0.5 s); import it while the first
+            # steps run, not at the first re-tune in the middle of training.
+            threading.Thread(target=_import_optimizer, name="coadapt-prewarm", daemon=True).start()
 
     # -- forward --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -262,30 +277,35 @@ class AdaptiveModel:
         return [p.grad for p in params if p.grad is not None], params
 
     def _flatten(self, row: int) -> bool:
-        """Copy the current gradients into row ``row`` of the (2, P) buffer (one ``cat``)."""
+        """Copy the current gradients into row ``row`` of the (3, P) buffer (one ``cat``)."""
         grads, _ = self._grads()
         total = sum(g.numel() for g in grads)
-        pair = self._pair
-        if pair is None or pair.shape[1] != total:
-            if row == 1:
+        rows = self._rows
+        if rows is None or rows.shape[1] != total:
+            if row > 0:
                 return False  # the gradient set changed since row 0 was filled
             dtype = (
                 torch.float64 if any(g.dtype == torch.float64 for g in grads) else (torch.float32)
             )
-            pair = self._pair = torch.zeros(2, total, dtype=dtype, device=self.ctx.device)
-        torch.cat([g.detach().reshape(-1) for g in grads], out=pair[row])
+            rows = self._rows = torch.zeros(3, total, dtype=dtype, device=self.ctx.device)
+        torch.cat([g.detach().reshape(-1) for g in grads], out=rows[row])
         return True
 
-    def _gram(self) -> list[list[float]]:
-        """[[|a|², a·b], [a·b, |b|²]] of the two (pre-conditioned) rows, one host sync."""
-        pair = self._pair
-        if pair is None:
+    def _gram(self, n: int, params: list[torch.Tensor]) -> list[list[float]]:
+        """The n x n Gram matrix of the first n (pre-conditioned) rows, one host sync.
+
+        K = 1 calls it after the optimizer step, so that Adam's v̂ has seen every row: before
+        it, a coordinate first non-zero in the newest row was divided by ε alone, and one
+        such row made the cancer MLP's φ 1e7 instead of ~40 (issue 19).
+        """
+        rows = self._rows
+        if rows is None:
             raise TrainConfigError("no flattened gradients to measure")
-        _, params = self._grads()
+        rows = rows[:n]
         pinv = self._pinv(params)
         if pinv is not None:
-            pair = pair / torch.cat([t.reshape(-1) for t in pinv]).to(pair.dtype)
-        gram: list[list[float]] = torch.mm(pair, pair.t()).tolist()
+            rows = rows / torch.cat([t.reshape(-1) for t in pinv]).to(rows.dtype)
+        gram: list[list[float]] = torch.mm(rows, rows.t()).tolist()
         return gram
 
     # -- DDP comm hook (K > 1) ------------------------------------------------------------
@@ -383,22 +403,27 @@ class AdaptiveModel:
             ):
                 # The first micro-batch's gradient, scaled back from loss / (s + 1).
                 self._piece_scale = float((s + 1) ** 2) if self._flatten(0) else None
-            if self._warmup <= 0:
+            if self._warmup <= 0 and loader.step_local_bsz == loader.local_bsz:
                 self.profile.record_grad(self._key(), time.perf_counter() - loader.fetch_start)
             return False
         stop = self.ctx.stop_requested
+        finish: Callable[[], None] | None = None
         if self.ddp is not None:
             stop, save = self._measure_distributed()
         else:
             save = self._checkpoint_due()
-            self._measure_single()
+            finish = self._measure_single()
         self._optimizer_step()
+        if finish is not None:
+            finish()
         loader.commit_step()
         self.steps += 1
         now = time.perf_counter()
         if self._warmup > 0:
             self._warmup -= 1
-        else:
+        elif loader.step_local_bsz == loader.local_bsz:
+            # Not the short last step of an epoch: a handful of those made profile rows of
+            # their own (m = 29 next to m = 32) whose noisy times swayed the fit (issue 19).
             self.profile.record_iter(self._key(), now - loader.step_start)
             if s == 0 and self._replicas == 1:
                 self.profile.record_grad(self._key(), now - loader.step_start)
@@ -423,6 +448,7 @@ class AdaptiveModel:
         if (
             self._force_retune
             or self.steps % self.retune_every == 0
+            or self.steps == self._followup
             or (loader.epoch != self._last_epoch)
         ):
             self._last_epoch = loader.epoch
@@ -457,24 +483,38 @@ class AdaptiveModel:
         self.gns.update(*estimate(values[0], values[3], piece_bsz, self._replicas))
         return values[1] > 0, values[2] > 0
 
-    def _measure_single(self) -> None:
-        """K = 1: noise from micro-batch pieces, or from two consecutive steps (s = 0)."""
+    def _measure_single(self) -> Callable[[], None] | None:
+        """K = 1: noise from micro-batch pieces, or from three consecutive steps (s = 0).
+
+        Copies this step's gradient now (the step frees it); returns what finishes the
+        measurement after the optimizer step, if this step completes one.
+        """
         s = self.loader.accum_steps
         m = self.loader.step_local_bsz
         scale, self._piece_scale = self._piece_scale, None
         if s > 0:
+            self._consecutive = 0
             if scale is None or not self._flatten(1):
-                return
-            (piece, _), (_, total) = self._gram()
-            self.gns.update(*estimate(piece * scale, total, m, s + 1))
-            return
-        if scale is not None:  # _pair[0] holds the previous step's gradient
-            if self._prev_bsz != m or not self._flatten(1):
-                return
-            (a, ab), (_, b) = self._gram()
-            self.gns.update(*estimate(0.5 * (a + b), 0.25 * (a + b + 2.0 * ab), m, 2))
-        elif self.steps % self.measure_every == self.measure_every - 1 and self._flatten(0):
-            self._piece_scale, self._prev_bsz = 1.0, m
+                return None
+            _, params = self._grads()  # the step frees the gradients: keep their parameters
+
+            def pieces() -> None:
+                (piece, _), (_, total) = self._gram(2, params)
+                self.gns.update(*estimate(piece * scale, total, m, s + 1))
+
+            return pieces
+        if self._consecutive:  # rows 0.. hold the previous steps' gradients
+            if self._prev_bsz != m or not self._flatten(self._consecutive):
+                self._consecutive = 0
+                return None
+            self._consecutive += 1
+            if self._consecutive == 3:
+                self._consecutive = 0
+                _, params = self._grads()
+                return lambda: self.gns.update(*consecutive_estimate(self._gram(3, params), m))
+        elif self.steps % self.measure_every == 0 and self._flatten(0):
+            self._consecutive, self._prev_bsz = 1, m
+        return None
 
     def _optimizer_step(self) -> None:
         factor = self.lr_scale
@@ -507,11 +547,40 @@ class AdaptiveModel:
             ):
                 return None  # cannot judge a batch change without noise statistics
             grad = GradParams(sqr=1.0, var=0.0)
-        try:
-            perf = fit_perf_params(obs)
-        except FitError:
+        perf = self._fit(obs)
+        if perf is None:
             return None
         return GoodputModel(perf, grad, self.loader.init_batch_size)
+
+    def _fit(self, obs: Observations) -> PerfParams | None:
+        """θ_sys, refitted only when the profile has news: a new configuration, or a row with
+        twice the steps it had at the last fit (mean times then settle, and refitting every
+        retune cost up to 0.2 s a time on a loaded 2-core machine, 10-20 steps' worth).
+
+        The fit runs with one BLAS thread: its vectors have 7 entries, and OpenBLAS's
+        threads, spinning against the training thread for the cores, made the same fit take
+        1 ms or 100 ms. Warm-started from the previous fit.
+        """
+        version = tuple(
+            (k, int(math.log2(max(r[0], 1.0)))) for k, r in sorted(self.profile.rows.items())
+        )
+        if version == self._fit_version and self._perf is not None:
+            return self._perf
+        try:
+            with self._blas_one_thread():
+                self._perf = fit_perf_params(obs, initial=self._perf)
+        except FitError:
+            return None
+        self._fit_version = version
+        return self._perf
+
+    def _blas_one_thread(self) -> Any:
+        if self._blas is None:
+            import scipy.optimize  # noqa: F401  (loads the BLAS the controller must see)
+            from threadpoolctl import ThreadpoolController
+
+            self._blas = ThreadpoolController()
+        return self._blas.limit(limits=1, user_api="blas")
 
     def _choose(self) -> tuple[int, int]:
         """Rank 0's choice of (m, s) by eq. 14, kept unless the gain is worth a change."""
@@ -528,8 +597,15 @@ class AdaptiveModel:
             pinned_batch=loader.pinned_batch_size,
         )
         # The one agent rule the simulator runs too: noise gate, 2x trust region, threshold.
+        sizes = {k[2] for k, r in self.profile.rows.items() if r[0] > 0}
         agent = choose_batch(
-            model, limits, cur, self.ctx.env.num_nodes, self._replicas, self.gns.count
+            model,
+            limits,
+            cur,
+            self.ctx.env.num_nodes,
+            self._replicas,
+            self.gns.count,
+            explore=len(sizes) == 1,
         )
         if agent.reason is Reason.GATED or agent.best is None:
             return cur  # the first noise estimates are too noisy to bet the batch on
@@ -564,7 +640,12 @@ class AdaptiveModel:
         if choice != (loader.local_bsz, loader.accum_steps):
             loader.set_batch(*choice)
             self._warmup = _WARMUP_STEPS
+            # Look again as soon as the new configuration has a few timed steps, rather than
+            # a whole retune_every later: growing 2x per 20-50 steps kept short jobs near M0
+            # for most of their run (issue 19). Every rank computes the same step.
+            self._followup = self.steps + _WARMUP_STEPS + _FOLLOWUP_STEPS
             self._piece_scale = None
+            self._consecutive = 0
             self.ctx.metrics.emit(
                 BatchRecord(
                     step=self.steps,
@@ -615,6 +696,10 @@ class AdaptiveModel:
         self._saved_replicas = int(state["replicas"])
         self._trained_before = float(state.get("trained_seconds", 0.0))
         self._started = time.monotonic()
+
+
+def _import_optimizer() -> None:
+    import scipy.optimize  # noqa: F401
 
 
 def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:

@@ -37,5 +37,13 @@ def test_user_function() -> None:
 
 
 def test_unknown_rule_lists_accepted() -> None:
-    with pytest.raises(ValueError, match="adascale, sqrt, linear, none"):
+    with pytest.raises(ValueError, match="adascale, adascale-sqrt, sqrt, linear, none"):
         lr_factor("cubic", 32, 64)
+
+
+def test_adascale_sqrt_is_the_gain_capped_at_the_square_root_rule() -> None:
+    low_noise = GradParams(1.0, 1.0)  # gain (1 + 1) / (1 / 4 + 1) = 1.6 < sqrt(4)
+    assert lr_factor(LRRule.ADASCALE_SQRT, 32, 128, low_noise) == pytest.approx(1.6)
+    pure_noise = GradParams(0.0, 1.0)  # AdaScale says linear (4); the cap says 2
+    assert lr_factor(LRRule.ADASCALE_SQRT, 32, 128, pure_noise) == pytest.approx(2.0)
+    assert lr_factor("adascale-sqrt", 32, 128, None) == 1.0  # no statistics yet

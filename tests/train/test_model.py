@@ -21,6 +21,7 @@ from coadapt.train import (
     save_checkpoint,
 )
 from coadapt.train.context import TrainConfigError, TrainingContext
+from coadapt.train.gns import consecutive_estimate
 
 
 def linear_problem(
@@ -72,6 +73,48 @@ def test_estimator_is_unbiased_on_exact_expectations() -> None:
         estimate(1.0, 1.0, 8, 1)
 
 
+def test_consecutive_estimator_cancels_a_drifting_gradient() -> None:
+    """Three steps whose true gradient drifts linearly (as training moves the weights): the
+    second-difference estimator stays unbiased where taking two steps as two pieces of one
+    gradient reads the drift as noise (issue 19)."""
+    g = torch.Generator().manual_seed(0)
+    dim, b, sigma = 200, 16, 0.5
+    tr_true = dim * sigma**2 * b  # per-sample covariance σ² b I, so a b-mean has σ² I
+    base, drift = torch.randn(dim, generator=g), 0.7 * torch.randn(dim, generator=g)
+    new, old = [], []
+    for _ in range(2000):
+        steps = [base + t * drift + sigma * torch.randn(dim, generator=g) for t in range(3)]
+        rows = torch.stack(steps).double()
+        new.append(consecutive_estimate((rows @ rows.T).tolist(), b))
+        a, c = rows[0], rows[1]
+        old.append(estimate(0.5 * float(a @ a + c @ c), float((a + c) @ (a + c)) / 4, b, 2))
+    sqr_true = float((base + drift) @ (base + drift))
+    sqr_new = sum(x[0] for x in new) / len(new)
+    tr_new = sum(x[1] for x in new) / len(new)
+    tr_old = sum(x[1] for x in old) / len(old)
+    assert abs(tr_new - tr_true) / tr_true < 0.03
+    assert abs(sqr_new - sqr_true) / sqr_true < 0.05
+    assert tr_old > 1.5 * tr_true  # the old estimator's bias b|D|²/2, here ~2x tr Σ
+    with pytest.raises(ValueError):
+        consecutive_estimate((rows @ rows.T).tolist(), 0)
+
+
+def test_noise_ema_holds_its_last_positive_gradient_norm() -> None:
+    """A window where the smoothed |G|² is <= 0 keeps the last estimate instead of reading an
+    infinite noise scale (which made AdaScale scale the LR linearly)."""
+    ema = GradNoiseEMA(0.5)
+    ema.update(1.0, 40.0)
+    assert ema.pgns() == pytest.approx(40.0)
+    ema.update(-3.0, 40.0)  # smoothed |G|² now (0.5 - 1.5) / 0.75 < 0
+    assert ema.pgns() == pytest.approx(40.0)
+    restored = GradNoiseEMA(0.5)
+    restored.load_state_dict(ema.state_dict())
+    assert restored.pgns() == pytest.approx(40.0)
+    fresh = GradNoiseEMA(0.5)
+    fresh.update(-1.0, 4.0)  # nothing positive to hold yet: the noise dominates
+    assert fresh.pgns() > 1e20
+
+
 def _one_step(
     ctx: TrainingContext, rule: object, batch: int
 ) -> tuple[float, torch.Tensor, AdaptiveModel]:
@@ -100,6 +143,7 @@ def _one_step(
         (LRRule.SQRT, 2.0),  # sqrt(128 / 32)
         (LRRule.LINEAR, 4.0),  # 128 / 32
         (LRRule.ADASCALE, (3 + 1) / (3 / 4 + 1)),  # (var + sqr) / (var / S + sqr), S = 4
+        (LRRule.ADASCALE_SQRT, 2.0),  # the gain 16/7 capped at sqrt(S) = 2
         (LRRule.NONE, 1.0),
         (lambda m0, m: 1.5, 1.5),
     ],
@@ -116,7 +160,7 @@ def test_default_rules() -> None:
     from coadapt.train import default_lr_rule
 
     lin = nn.Linear(2, 1)
-    assert default_lr_rule(torch.optim.SGD(lin.parameters(), lr=1)) is LRRule.ADASCALE
+    assert default_lr_rule(torch.optim.SGD(lin.parameters(), lr=1)) is LRRule.ADASCALE_SQRT
     assert default_lr_rule(torch.optim.AdamW(lin.parameters())) is LRRule.SQRT
     assert GradParams(1.0, 3.0).pgns(32) == 96.0
 
