@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from coadapt.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP_KW = {"seed": 0, "in_features": 64, "hidden": 256, "out_features": 8, "depth": 2}
@@ -161,12 +162,6 @@ TS_LOG4J = """<?xml version="1.0" encoding="UTF-8"?>
 
 
 # ----------------------------------------------------------------------------- servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -48,13 +48,14 @@ import dataclasses
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from coadapt.ports import free_port
 
 LAYOUTS = {
     # name: (dim, width) — width = dim + optimizer state columns
@@ -138,12 +139,6 @@ def child(layout: str, rows: int, throughput: bool) -> dict[str, object]:
 N_TABLES, DIM, SPEED_BATCH, LR = 26, 64, 2048, 0.01
 # Rows per table (prefilled); the environment override lets the smoke test use tiny tables.
 ROWS_PER_TABLE = int(os.environ.get("SPARSE_BENCH_ROWS_PER_TABLE", "100000"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _batches(rank: int, n: int) -> list[tuple[Any, Any, Any]]:
@@ -282,7 +277,7 @@ def speed_child(
             dopt.step()
 
     elif kind == "torchrec":
-        _dist_init(rank, world, port or _free_port())
+        _dist_init(rank, world, port or free_port())
         from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
         from torchrec.distributed import DistributedModelParallel
         from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -337,7 +332,7 @@ def speed_child(
 
 
 def _run_workers(kind: str, world: int, steps: int, extra: str) -> dict[str, Any]:
-    port = _free_port() if world > 1 or kind == "torchrec" else 0
+    port = free_port() if world > 1 or kind == "torchrec" else 0
     procs = [
         subprocess.Popen(
             [
