@@ -5,8 +5,9 @@
     python -m coadapt.serve verify DIR VERSION
     python -m coadapt.serve activate DIR VERSION     # promotion and rollback (the LIVE pointer)
 
-``main(argv) -> int`` is what ``coadapt serve`` calls. Exit codes: 0 ok, 1 a refused version
-or a server that did not start, 2 bad usage.
+The server spawns its workers with ``python -m coadapt.serve _worker``; ``coadapt serve`` is
+the same commands on the CLI (both call :mod:`coadapt.serve.commands`). Exit codes: 0 ok, 1 a
+refused version or a server that did not start, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 COMMANDS = ("run", "ls", "verify", "activate", "_worker")
 
@@ -56,68 +56,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if not args_in or args_in[0] not in (*COMMANDS, "-h", "--help"):
         args_in.insert(0, "run")
-    args = _parser().parse_args(args_in)
+    try:
+        args = _parser().parse_args(args_in)
+    except SystemExit as exc:  # --help (0) or a usage error (2): main returns, never exits
+        return exc.code if isinstance(exc.code, int) else 2
 
-    from coadapt.serve.config import ServeConfig
+    from coadapt.serve import commands
 
-    if args.cmd in ("ls", "verify", "activate"):
-        from coadapt.serve import artifacts
-    if args.cmd in ("ls", "verify", "activate") and not Path(args.dir).is_dir():
-        print(f"error: {args.dir} is not a directory (a model's version root)", file=sys.stderr)
-        return 2
     if args.cmd == "ls":
-        live = artifacts.live_version(args.dir)
-        for v in artifacts.list_versions(args.dir):
-            m = artifacts.read_manifest(args.dir, v)
-            mark = "*" if v == live else " "
-            print(f"{mark} {v}  {m.kind:5}  parent={m.parent or '-'}  step={m.lineage.step}")
-        return 0
+        return commands.list_versions(args.dir)
     if args.cmd in ("verify", "activate"):
-        try:
-            artifacts.load_state(args.dir, args.version)
-            if args.cmd == "activate":
-                artifacts.set_live(args.dir, args.version)
-        except artifacts.ArtifactError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        print(f"{args.version}: ok" + (" (live)" if args.cmd == "activate" else ""))
-        return 0
-
+        return commands.check_version(args.dir, args.version, activate=args.cmd == "activate")
     if args.cmd == "_worker":
+        from coadapt.serve.config import ServeConfig
         from coadapt.serve.workers import worker_main
 
         return worker_main(ServeConfig.from_json(args.config), args.index, args.listen_fd,
                            args.port, args.ready_fd)  # fmt: skip
-
-    models: dict[str, str] = {}
-    for spec in args.model:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            print(f"error: --model {spec!r} must look like NAME=DIR", file=sys.stderr)
-            return 2
-        models[name] = path
-    try:
-        config = ServeConfig(
-            models=models, host=args.host, port=args.port, workers=args.workers,
-            threads=args.threads, slo_ms=args.slo_ms, max_body=args.max_body,
-            max_rows=args.max_rows, poll_s=args.poll_s, accept=args.accept,
-            forward_thread=args.forward_thread,
-        )  # fmt: skip
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from coadapt.serve.workers import Supervisor
-
-    try:
-        sup = Supervisor(config)
-    except OSError as exc:
-        print(f"error: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
-        return 1
-    try:
-        return sup.run()
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return commands.run_server(
+        args.model, host=args.host, port=args.port, workers=args.workers,
+        threads=args.threads, slo_ms=args.slo_ms, max_body=args.max_body,
+        max_rows=args.max_rows, poll_s=args.poll_s, accept=args.accept,
+        forward_thread=args.forward_thread,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

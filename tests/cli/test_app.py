@@ -25,6 +25,9 @@ COMMAND_PATHS = [
     ["tune", "show"],
     ["tune", "cancel"],
     ["tenant", "create"],
+    ["serve", "run"],
+    ["serve", "ls"],
+    ["serve", "activate"],
 ]
 
 

@@ -86,7 +86,7 @@ def test_demo_simulation_writes_the_three_policies(
         assert "no plot" in printed and "coadapt[train]" in printed
 
 
-def test_serve_hands_its_arguments_to_coadapt_serve(
+def test_serve_lists_verifies_and_activates_versions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("torch")
@@ -101,3 +101,6 @@ def test_serve_hands_its_arguments_to_coadapt_serve(
     assert len([line for line in listed if line.strip()]) == 3  # activate's line + 2 versions
     assert main(["serve", "ls", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+    assert main(["serve", "verify", str(tmp_path), "no-such-version"]) == 1
+    assert main(["serve", "run", "--model", "nameless"]) == 2
+    assert "must look like NAME=DIR" in capsys.readouterr().err
