@@ -60,6 +60,12 @@ ENV_TUNE_TRIAL = "COADAPT_TUNE_TRIAL"
 ENV_TRIAL = "COADAPT_TRIAL"
 ENV_PARAM_PREFIX = "COADAPT_PARAM_"
 
+# -- the controller's own settings from the environment (not set on replicas)
+#: Where the controller keeps its state when ``--state-dir`` is not given.
+ENV_STATE_DIR = "COADAPT_STATE_DIR"
+#: A directory of ``coadapt simulate --json`` results the dashboard lists.
+ENV_DASHBOARD_SIM_DIR = "COADAPT_DASHBOARD_SIM_DIR"
+
 #: Variables only the controller sets: a job spec may not (it would lie about who it is).
 RESERVED_ENV = (
     ENV_RANK,

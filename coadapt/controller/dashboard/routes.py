@@ -36,9 +36,10 @@ from coadapt.controller.states import ACTIVE, JobState
 from coadapt.controller.store import Event, Job, Tenant
 from coadapt.goodput import PerfParams, iter_time
 from coadapt.goodput.fit import fit_profile
+from coadapt.protocol import ENV_DASHBOARD_SIM_DIR
 
 STATIC = Path(__file__).resolve().parent / "static"
-SIM_DIR_ENV = "COADAPT_DASHBOARD_SIM_DIR"
+SIM_DIR_ENV = ENV_DASHBOARD_SIM_DIR
 MAX_POINTS = 600  # per series: plots never need more, and the browser polls every 2 s
 ETA_WINDOW_S = 120.0  # progress rate is measured over this much recent history
 TOTAL_FLAGS = {
@@ -424,7 +425,7 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
 
     @router.get("/simulations")
     def simulations(me: Auth) -> dict[str, Any]:
-        """``coadapt simulate --json`` results in ``$COADAPT_DASHBOARD_SIM_DIR`` (if set)."""
+        """``coadapt simulate --json`` results in the directory the environment names."""
         folder = os.environ.get(SIM_DIR_ENV)
         if not folder or not Path(folder).is_dir():
             return {"configured": False, "files": []}
