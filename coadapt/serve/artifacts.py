@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from coadapt.atomicfile import atomic_write, fsync_dir
+
 FORMAT = 1
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.bin"
@@ -155,31 +157,6 @@ class Manifest:
 
 
 # ----------------------------------------------------------------------------- file helpers
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse a directory fsync
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(dest: Path, data: bytes) -> None:
-    """Write ``data`` to ``dest`` so a reader sees the old file or the whole new one."""
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(dest.parent)
 
 
 def _sha256_file(path: Path) -> str:
@@ -422,7 +399,7 @@ def publish(
         created_at=time.time(),
     )
     atomic_write(vdir / MANIFEST, manifest.to_json().encode())  # last: now it is visible
-    _fsync_dir(root)
+    fsync_dir(root)
     return manifest
 
 

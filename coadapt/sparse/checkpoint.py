@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coadapt.sparse._atomic import atomic_writer
+from coadapt.atomicfile import atomic_writer
 
 __all__ = [
     "MANIFEST",

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from coadapt.sparse._atomic import atomic_writer
+from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import mix64
 
 __all__ = [

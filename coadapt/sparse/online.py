@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from coadapt.atomicfile import atomic_writer
 from coadapt.protocol import (
     CheckpointRecord,
     MetricRecord,
@@ -57,7 +58,6 @@ from coadapt.protocol import (
     ReplicaEnv,
     ReplicaEnvError,
 )
-from coadapt.sparse._atomic import atomic_writer
 from coadapt.sparse.checkpoint import (
     Manifest,
     dense_file,

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from coadapt.sparse._atomic import atomic_writer
+from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64
 from coadapt.sparse.checkpoint import read_manifest, shard_file
 from coadapt.sparse.compress import decode

@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from coadapt.sparse._atomic import atomic_writer
+from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64, unmix64
 
 __all__ = ["CountMinSketch", "EmbeddingTable", "TableFullError"]
