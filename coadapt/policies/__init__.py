@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coadapt.policies.base import (
+    DEFAULT_GPU_TYPE,
     Allocation,
     BatchMode,
     ClusterSnapshot,
@@ -50,6 +51,7 @@ def make_policy(name: str, **options: Any) -> Policy:
 
 
 __all__ = [
+    "DEFAULT_GPU_TYPE",
     "POLICY_NAMES",
     "Allocation",
     "BatchMode",

@@ -41,16 +41,25 @@ class BatchMode(str, Enum):
     FIXED = "fixed"  # GPUs and batch stay as submitted; the policy picks when/where (Tiresias)
 
 
+#: The type of every GPU (or slot) of a cluster that declares none.
+DEFAULT_GPU_TYPE = "gpu"
+
+
 class PolicyError(ValueError):
     """A policy was asked for by a name that does not exist, or given an invalid snapshot."""
 
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """A node of the cluster as the scheduler sees it."""
+    """A node of the cluster as the scheduler sees it.
+
+    Every GPU of a node has the same ``gpu_type`` (a lower-case name such as ``v100``); a
+    cluster without declared types is one type, :data:`DEFAULT_GPU_TYPE`.
+    """
 
     name: str
     gpus: int  # schedulable GPU (or CPU-slot) count
+    gpu_type: str = DEFAULT_GPU_TYPE
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,24 @@ class JobInfo:
     step_time: Callable[[int], float] | None = None
     remaining_iterations: float | None = None
     priority: int = 0
+    # Heterogeneous clusters: the GPU types the job may run on (None: any type; a job runs
+    # on one type at a time) and, per type, its goodput model where one is known (a type
+    # missing here falls back to ``goodput``).
+    gpu_types: tuple[str, ...] | None = None
+    goodput_by_type: Mapping[str, GoodputModel] | None = None
+    # GPU sharing: the job's class for co-location figures (e.g. its model's name); None = the
+    # job is never packed with another.
+    packing_key: str | None = None
+
+    def allows(self, gpu_type: str) -> bool:
+        """Whether the job may run on GPUs of ``gpu_type``."""
+        return self.gpu_types is None or gpu_type in self.gpu_types
+
+    def goodput_on(self, gpu_type: str) -> GoodputModel | None:
+        """The job's goodput model on ``gpu_type`` (its type-less model if none is known)."""
+        if self.goodput_by_type is not None and gpu_type in self.goodput_by_type:
+            return self.goodput_by_type[gpu_type]
+        return self.goodput
 
     def age(self, now: float) -> float:
         return max(now - self.submit_time, 0.0)
@@ -94,10 +121,19 @@ class ClusterSnapshot:
     jobs: Mapping[str, JobInfo]  # running and pending jobs, in submission order
     current: Mapping[str, Allocation] = field(default_factory=dict)
     restart_delay: float = 30.0  # δ: seconds a re-allocation costs a job
+    # GPU sharing (Gandiva's packing): (key_a, key_b) -> (fraction of a's isolated throughput,
+    # fraction of b's) when a job of class a and one of class b share the same GPUs. A pair
+    # missing here is never packed.
+    colocation: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The GPU types present, sorted (one, :data:`DEFAULT_GPU_TYPE`, if none declared)."""
+        return tuple(sorted({n.gpu_type for n in self.nodes}))
 
     def current_of(self, job: str) -> Allocation:
         alloc = self.current.get(job)
@@ -117,6 +153,9 @@ class Decision:
     allocations: dict[str, Allocation]
     state: PolicyState = field(default_factory=dict)
     diagnostics: dict[str, float] = field(default_factory=dict)
+    # GPU sharing: guest job -> host job. A guest runs on exactly its host's GPUs (its
+    # allocation equals the host's) and does not count against the nodes' capacity.
+    packed: dict[str, str] = field(default_factory=dict)
 
 
 def state_to_json(state: Mapping[str, Any]) -> str:
@@ -155,15 +194,31 @@ class Policy(Protocol):
         ...
 
 
-def validate_allocations(snapshot: ClusterSnapshot, allocations: Mapping[str, Allocation]) -> None:
-    """Raise :class:`PolicyError` if ``allocations`` over-commits a node or names a stranger."""
+def validate_allocations(
+    snapshot: ClusterSnapshot,
+    allocations: Mapping[str, Allocation],
+    packed: Mapping[str, str] | None = None,
+) -> None:
+    """Raise :class:`PolicyError` if ``allocations`` over-commits a node or names a stranger,
+    or if a packed guest (``packed``: guest -> host) does not sit exactly on a running host."""
     width = len(snapshot.nodes)
+    guests = dict(packed or {})
+    for guest, host in guests.items():
+        if host in guests:
+            raise PolicyError(f"packed job {guest!r} is hosted by {host!r}, itself a guest")
+        host_alloc = allocations.get(host)
+        if host_alloc is None or not any(host_alloc):
+            raise PolicyError(f"packed job {guest!r} names host {host!r}, which is not running")
+        if tuple(allocations.get(guest, ())) != tuple(host_alloc):
+            raise PolicyError(f"packed job {guest!r} must have exactly its host {host!r}'s GPUs")
     used = np.zeros(width, dtype=np.int64)
     for job, alloc in allocations.items():
         if job not in snapshot.jobs:
             raise PolicyError(f"allocation for unknown job {job!r}")
         if len(alloc) != width or any(int(x) < 0 for x in alloc):
             raise PolicyError(f"allocation {alloc!r} of {job!r} must be {width} counts >= 0")
+        if job in guests:
+            continue
         used += np.asarray(alloc, dtype=np.int64)
     cap = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
     if np.any(used > cap):

@@ -55,6 +55,8 @@ class JobFacts:
     remaining_iterations: float | None = None
     priority: int = 0
     allocation: Mapping[str, int] = field(default_factory=dict)
+    gpu_types: tuple[str, ...] | None = None
+    goodput_by_type: Mapping[str, GoodputModel] | None = None
 
 
 def allocation_tuple(per_node: Mapping[str, int], nodes: Sequence[NodeInfo]) -> Allocation:
@@ -90,6 +92,8 @@ def job_info(facts: JobFacts, total_gpus: int, now: float) -> JobInfo:
         step_time=facts.step_time,
         remaining_iterations=facts.remaining_iterations,
         priority=facts.priority,
+        gpu_types=facts.gpu_types,
+        goodput_by_type=facts.goodput_by_type,
     )
 
 
