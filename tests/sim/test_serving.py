@@ -1,0 +1,223 @@
+"""Request traces, the replica latency model and the per-second serving simulation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coadapt.policies import make_policy
+from coadapt.policies.autoscale import Deployment, SloAutoscaler
+from coadapt.policies.coschedule import CoSchedulePolicy, Reservation, reservations_of
+from coadapt.sim import SimConfig, Simulator, load_workload, parse_cluster
+from coadapt.sim.errors import SimInputError, SimulationError
+from coadapt.sim.serving import (
+    ReplicaModel,
+    ServingConfig,
+    ServingRecord,
+    ServingSimulation,
+    TraceSpec,
+    diurnal_trace,
+)
+
+MODEL = ReplicaModel.from_measurement(1000.0, 0.02)  # 1000 req/s at p99 20 ms
+SLO = 0.05
+
+
+def dep(**kw: object) -> Deployment:
+    base: dict[str, object] = {
+        "name": "web",
+        "capacity_rps": MODEL.capacity(SLO, 0.99),
+        "slo_s": SLO,
+        "ready_s": 20.0,
+    }
+    base.update(kw)
+    return Deployment(**base)  # type: ignore[arg-type]
+
+
+def res(slots: int, admit: float | None = None) -> dict[str, Reservation]:
+    return {"web": Reservation(slots, slots, {}, MODEL.capacity(SLO, 0.99), admit, 80.0)}
+
+
+def sim(rate: np.ndarray | float, seconds: int = 600, **cfg: object) -> ServingSimulation:
+    if isinstance(rate, np.ndarray):
+        series = rate.astype(np.float64)
+    else:
+        series = np.full(seconds, float(rate))
+    config = ServingConfig(**cfg)  # type: ignore[arg-type]
+    return ServingSimulation([dep()], {"web": series}, {"web": MODEL}, config)
+
+
+# ----------------------------------------------------------------- traces
+def test_trace_peaks_at_the_peak_and_is_seeded() -> None:
+    spec = TraceSpec(peak_rps=5000.0, duration_s=86_400, seed=4)
+    a, b = diurnal_trace(spec), diurnal_trace(spec)
+    assert np.array_equal(a, b)
+    assert a.max() == pytest.approx(5000.0)
+    assert a.min() > 0
+    other = diurnal_trace(TraceSpec(peak_rps=5000.0, duration_s=86_400, seed=5))
+    assert not np.array_equal(a, other)  # the bursts differ by seed
+
+
+def test_trace_is_diurnal_with_bursts() -> None:
+    spec = TraceSpec(peak_rps=1000.0, duration_s=28_800, trough=0.2, burst_every_s=1800.0)
+    rates = diurnal_trace(spec)
+    night, noon = rates[:600].mean(), rates[14_100:14_700].mean()
+    assert 0.15 < night / noon < 0.3  # the trough is ~20 % of the daily peak
+    smooth = 0.2 + 0.8 * 0.5 * (1 - np.cos(2 * np.pi * np.arange(28_800) / 28_800))
+    excess = rates / (smooth * rates[14_400] / smooth[14_400]) - 1
+    assert (excess > 0.05).sum() > 60  # bursts: minutes well above the smooth day
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [({"peak_rps": 0.0}, "peak_rps"), ({"trough": 1.5}, "trough"), ({"burst_s": 0.0}, "burst_s")],
+)
+def test_bad_trace_names_the_field(kw: dict[str, float], field: str) -> None:
+    args: dict[str, object] = {"peak_rps": 10.0, "duration_s": 100}
+    args.update(kw)
+    with pytest.raises(SimInputError, match=field):
+        TraceSpec(**args)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------- replica model
+def test_replica_model_capacity_meets_the_slo() -> None:
+    cap = MODEL.capacity(SLO, 0.99)
+    assert MODEL.latency_quantile(cap, 0.99) == pytest.approx(SLO)
+    assert MODEL.latency_quantile(1000.0, 0.99) == pytest.approx(0.02)
+    assert MODEL.within(cap, SLO) == pytest.approx(0.99)
+    assert MODEL.within(MODEL.service_rps, SLO) == 0.0
+    assert math.isinf(MODEL.latency_quantile(MODEL.service_rps + 1, 0.99))
+
+
+# ----------------------------------------------------------------- serving
+def test_enough_replicas_meet_the_slo_and_report_samples() -> None:
+    s = sim(3000.0)
+    s.apply(0.0, res(4), warm=True)  # 750 req/s each, well under capacity
+    s.advance_to(600)
+    rec = s.records()["web"]
+    assert rec.attainment > 0.9999
+    assert rec.errors == 0
+    w = s.window("web", 540.0, 600.0)
+    assert len(w.rates) == 60 and w.replicas == 4
+    assert len(w.samples) == 6
+    assert all(700 < x.load_rps < 800 for x in w.samples)
+
+
+def test_overload_queues_as_misses_then_sheds_after_the_timeout() -> None:
+    s = sim(3000.0, queue_timeout_s=30.0)
+    s.apply(0.0, res(2), warm=True)  # 2 replicas for 3000 req/s: overloaded
+    s.advance_to(300)
+    rec = s.records()["web"]
+    assert rec.attainment < 0.01
+    # the backlog reaches 30 s of wait after ~140 s; then the excess (~540 req/s) is shed
+    # with 503 + Retry-After, counted, never silently
+    assert 0.05 * rec.requests < rec.errors < 0.2 * rec.requests
+    assert rec.shed[:120].sum() == 0
+    assert int(np.sum(rec.ready < rec.need)) == 300
+
+
+def test_capped_deployment_sheds_beyond_its_admitted_rate_at_once() -> None:
+    s = sim(3000.0)
+    cap = MODEL.capacity(SLO, 0.99)
+    s.apply(0.0, res(2, admit=2 * cap), warm=True)
+    s.advance_to(120)
+    rec = s.records()["web"]
+    admitted = rec.requests - rec.errors
+    assert admitted == pytest.approx(120 * 2 * cap, rel=1e-5)
+    assert rec.within.sum() > 0.98 * admitted  # what is admitted is served within the SLO
+
+
+def test_cold_start_with_the_activator_holds_requests() -> None:
+    s = sim(500.0, seconds=300)
+    s.apply(0.0, res(0), warm=True)  # scaled to zero
+    s.advance_to(60)
+    assert s.window("web", 0.0, 60.0).rates[0] > 0  # the activator saw the demand
+    s.apply(60.0, res(1))  # next round grants one replica: ready 20 s later
+    s.advance_to(300)
+    rec = s.records()["web"]
+    assert rec.cold_starts == (80.0,)  # held from t=0 until the replica answered at t=80
+    # held requests are late (misses) but answered within the activator's timeout; the one
+    # replica then drains an 80 s backlog while new requests queue behind it: a few of those
+    # wait past the 30 s queue timeout and get 503 + Retry-After, counted
+    assert rec.shed[:80].sum() == 0
+    assert 0 < rec.errors < 0.01 * rec.requests
+    assert rec.ready[79] == 0 and rec.ready[80] == 1
+    assert rec.within[200:].sum() > 0.99 * rec.arrivals[200:].sum()
+
+
+def test_the_activator_sheds_what_it_held_too_long() -> None:
+    s = sim(500.0, seconds=300, activator_timeout_s=50.0)
+    s.apply(0.0, res(0), warm=True)
+    s.advance_to(120)
+    s.apply(120.0, res(1))
+    s.advance_to(300)
+    rec = s.records()["web"]
+    # held from t=0; each second's requests are shed 50 s later, until the replica at t=140
+    assert rec.shed[:50].sum() == 0
+    assert rec.errors == pytest.approx(500 * 90, rel=0.05)
+    assert rec.cold_starts == (140.0,)
+
+
+def test_new_replicas_wait_their_ready_time_and_removed_ones_stop() -> None:
+    s = sim(1000.0, seconds=200)
+    s.apply(0.0, res(2), warm=True)
+    s.advance_to(60)
+    s.apply(60.0, res(5))
+    s.advance_to(120)
+    s.apply(120.0, res(3))
+    s.advance_to(140)
+    ready = s.records()["web"].ready
+    assert (ready[79], ready[80], ready[130]) == (2, 5, 3)
+
+
+def test_scale_up_delay_counts_from_the_rise_to_capacity() -> None:
+    need = np.array([1, 1, 3, 3, 3, 3, 2, 4, 4])
+    ready = np.array([1, 1, 1, 1, 3, 3, 3, 3, 4])
+    z = np.zeros(len(need))
+    rec = ServingRecord("x", z, z, z, z, ready, ready, need, ())
+    assert rec.scale_up_delays() == [2.0, 1.0]
+
+
+def test_serving_is_deterministic_and_bounded_by_its_trace() -> None:
+    runs = []
+    for _ in range(2):
+        s = sim(2000.0, seconds=120, seed=3)
+        s.apply(0.0, res(3), warm=True)
+        s.advance_to(120)
+        runs.append(s.records()["web"].within.copy())
+    assert np.array_equal(runs[0], runs[1])
+    with pytest.raises(SimulationError, match="traces end"):
+        s.advance_to(121)
+
+
+# ----------------------------------------------------------------- with the simulator
+def test_coscheduled_simulation_shares_the_cluster(small_workload_path: Path) -> None:
+    """The benchmark's loop in small: serving and training never hold the same slot, the
+    serving reservation follows the demand, training progresses beside it."""
+    cluster = parse_cluster("2x4")
+    d = dep(min_replicas=1, ready_s=10.0)
+    cap = MODEL.capacity(SLO, 0.99)
+    t = np.arange(4 * 3600)
+    rates = cap * (1.0 + 1.5 * (1 - np.cos(2 * np.pi * t / 7200.0)))  # 1..4 replicas' worth
+    serving = ServingSimulation([d], {"web": rates}, {"web": MODEL}, ServingConfig(seed=1))
+    policy = CoSchedulePolicy(make_policy("tiresias"), [d], SloAutoscaler(), serving)
+    sim = Simulator(load_workload(str(small_workload_path)), cluster, policy, SimConfig())
+    serving.apply(0.0, {"web": Reservation(2, 2, {}, cap, None, 70.0)}, warm=True)
+    held: list[int] = []
+    while not sim.done and sim.now < 4 * 3600 - 60:
+        serving.advance_to(sim.now + 60)
+        rounds = len(sim.diagnostics)
+        sim.step()
+        if len(sim.diagnostics) > rounds:
+            res = reservations_of(sim.policy_state)["web"]
+            serving.apply(sim.now, {"web": res})
+            training = sim.result().utilisation[-1][1] * cluster.total_gpus
+            assert training + res.slots <= cluster.total_gpus
+            held.append(res.slots)
+    assert sim.completed >= 3
+    assert max(held) > min(held)  # it followed the demand
+    rec = serving.records()["web"]
+    assert rec.attainment > 0.99
