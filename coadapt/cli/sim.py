@@ -40,7 +40,13 @@ def simulate_command(
             help="bundled workload name or CSV (name,time,application,num_replicas,batch_size)",
         ),
     ],
-    cluster: Annotated[str, typer.Option(metavar="NODESxGPUS", help="cluster shape")] = "16x4",
+    cluster: Annotated[
+        str,
+        typer.Option(
+            metavar="[TYPE:]NODESxGPUS[,...]",
+            help="cluster shape: 16x4, or GPU types per group, e.g. v100:4x4,p100:4x4,k80:8x4",
+        ),
+    ] = "16x4",
     policy: Annotated[
         list[str] | None,
         typer.Option(

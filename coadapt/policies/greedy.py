@@ -6,7 +6,7 @@ The baselines place a job by repeatedly taking GPUs from the node with the most 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo, PolicyError
 
@@ -33,6 +33,26 @@ def place_greedy(free: list[int], gpus: int) -> Allocation:
         free[node] -= take
         left -= take
     return tuple(alloc)
+
+
+def place_one_type(free: list[int], gpus: int, node_types: Sequence[str]) -> Allocation | None:
+    """:func:`place_greedy` within one GPU type (a job runs on one type at a time): the type
+    with the most free GPUs that fits them (ties: by name); None if no type fits them."""
+    kinds = sorted(set(node_types))
+    if len(kinds) == 1:
+        return place_greedy(free, gpus) if gpus <= sum(x for x in free if x > 0) else None
+    room = {
+        k: sum(max(f, 0) for f, t in zip(free, node_types, strict=True) if t == k) for k in kinds
+    }
+    fits = [k for k in kinds if room[k] >= gpus]
+    if not fits:
+        return None
+    kind = max(fits, key=lambda k: (room[k], -kinds.index(k)))
+    masked = [f if t == kind else 0 for f, t in zip(free, node_types, strict=True)]
+    alloc = place_greedy(masked, gpus)
+    for i, x in enumerate(alloc):
+        free[i] -= x
+    return alloc
 
 
 def requested_gpus(job: JobInfo) -> int | None:

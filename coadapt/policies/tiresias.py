@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
-from coadapt.policies.greedy import by_priority, free_gpus, place_greedy, requested_gpus
+from coadapt.policies.greedy import by_priority, free_gpus, place_one_type, requested_gpus
 
 #: Queue-0 threshold: 16 GPU-hours of attained service, in GPU-seconds.
 DEFAULT_THRESHOLD = 16 * 3600
@@ -81,10 +81,23 @@ class TiresiasPolicy:
             else:
                 allocations.pop(key, None)
         free = free_gpus(snapshot, allocations)
+        node_types = [n.gpu_type for n in snapshot.nodes]
         for key in order:
             want = requested[key]
             if key in running and key not in allocations and want:
-                allocations[key] = place_greedy(free, want)
+                alloc = place_one_type(free, want, node_types)
+                if alloc is None:  # several GPU types, none with room for it alone
+                    running.discard(key)
+                else:
+                    allocations[key] = alloc
+        if len(set(node_types)) > 1:  # backfill what the type boundaries left free
+            for key in order:
+                want = requested[key]
+                if key not in running and want:
+                    alloc = place_one_type(free, want, node_types)
+                    if alloc is not None:
+                        running.add(key)
+                        allocations[key] = alloc
         new_state: PolicyState = {
             "queues": [q0, q1],
             "running": [k for k in order if k in running],

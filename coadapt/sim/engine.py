@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -40,8 +40,10 @@ from coadapt.goodput import (
 from coadapt.goodput.agent import MIN_MEASUREMENTS, choose_batch, split_total
 from coadapt.goodput.fit import FitError
 from coadapt.policies.base import (
+    DEFAULT_GPU_TYPE,
     Allocation,
     BatchMode,
+    ClusterSnapshot,
     Policy,
     PolicyError,
     PolicyState,
@@ -51,6 +53,8 @@ from coadapt.policies.snapshot import JobFacts, accrued_service, allocation_dict
 from coadapt.sim.applications import Application, Placement, get_application
 from coadapt.sim.cluster import ClusterSpec
 from coadapt.sim.errors import SimInputError, SimulationError
+from coadapt.sim.gpu_types import colocation_table, speed_factor, typed_throughput
+from coadapt.sim.type_models import anchor_type, measured_speed, scale_compute
 from coadapt.sim.workload import Workload, WorkloadJob
 
 _EPS = 1e-8
@@ -71,6 +75,8 @@ class SimConfig:
     # unguarded eq. 14 optimum, which reproduces the published figures; False = the agent
     # the training library ships (noise gate, 2x trust region, 5% adoption threshold).
     artifact_agent: bool = True
+    # GPU sharing: hand policies Gavel's co-location table (off: no job is ever packed).
+    packing: bool = True
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -121,10 +127,20 @@ class SimResult:
     jobs: tuple[JobRecord, ...]
     utilisation: tuple[tuple[float, float], ...]  # (time, allocated GPUs / total) per round
     end_time: float
+    # Per round: sum over jobs of GPUs x the fraction of their speed they keep (co-location)
+    # / total GPUs, i.e. isolated-equivalent GPU work; above ``utilisation`` when packing pays.
+    effective_utilisation: tuple[float, ...] = ()
 
 
-def oracle_step_time(app: Application, batch_size: int, replicas: int, gpus_per_node: int) -> float:
-    """True seconds per optimizer step at a fixed total batch on ``replicas`` packed GPUs.
+def oracle_step_time(
+    app: Application,
+    batch_size: int,
+    replicas: int,
+    gpus_per_node: int,
+    gpu_type: str = DEFAULT_GPU_TYPE,
+) -> float:
+    """True seconds per optimizer step at a fixed total batch on ``replicas`` packed GPUs
+    of ``gpu_type``.
 
     This is Optimus+Oracle's throughput model: the simulator hands it the traces instead of a
     fitted model. A single GPU always accumulates at least once, as in the artifact.
@@ -137,7 +153,7 @@ def oracle_step_time(app: Application, batch_size: int, replicas: int, gpus_per_
         accum = max(1, accum)
     atomic = math.ceil(local / (accum + 1) - _EPS)
     atomic = min(atomic, int(app.max_batch_size / (replicas * (accum + 1))))
-    step, sync = app.throughput(placement, atomic)
+    step, sync = typed_throughput(app, gpu_type, placement, atomic)
     return step + (step - sync) * accum
 
 
@@ -163,11 +179,16 @@ class _Job:
     rescale_left: float = 0.0
     completion_time: float | None = None
     first_alloc_time: float | None = None
-    profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+    # The type of the GPUs the job holds (or last held) and its profile on each type.
+    gpu_type: str = DEFAULT_GPU_TYPE
+    profiles: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = field(
+        default_factory=dict
+    )
     grad: GradParams | None = None
-    _perf: PerfParams | None = None  # fitted on the current profile; None = refit needed
-    _prev_perf: PerfParams | None = None  # the last fit, to warm-start the next one
-    _model: GoodputModel | None = None  # cached (perf, grad) model; None = rebuild needed
+    _perf: dict[str, PerfParams] = field(default_factory=dict)  # fit per type (anchors only)
+    _prev_perf: dict[str, PerfParams] = field(default_factory=dict)  # warm starts per type
+    _models: dict[str, GoodputModel] = field(default_factory=dict)  # cached models per type
+    share: float = 1.0  # fraction of its speed a packed job keeps (co-location)
     artifact_agent: bool = True  # see SimConfig.artifact_agent
     measurements: int = 0  # gradient-noise observations (the agent's gate counts them)
     _total: int = 0  # total batch M of the last choice (the shipped agent's trust region)
@@ -180,21 +201,37 @@ class _Job:
 
     @property
     def max_profiled_replicas(self) -> int:
-        return max((k[1] for k in self.profile), default=0)
+        return max((k[1] for p in self.profiles.values() for k in p), default=0)
 
     def goodput_model(self) -> GoodputModel | None:
-        """The job's goodput model; refits only after a new configuration was profiled."""
-        if not self.profile or self.grad is None:
-            return None
-        if self._model is None:
-            if self._perf is None:
-                self._perf = self._fit()
-            self._model = GoodputModel(self._perf, self.grad, self.app.init_batch_size)
-        return self._model
+        """The job's goodput model on the type it runs (or last ran) on."""
+        return self.model_on(self.gpu_type)
 
-    def _fit(self) -> PerfParams:
-        keys = np.array(list(self.profile), dtype=np.float64)
-        times = np.array(list(self.profile.values()), dtype=np.float64)
+    def model_on(self, gpu_type: str) -> GoodputModel | None:
+        """The job's goodput model on ``gpu_type``: fitted on its anchor type, scaled to others
+        (:mod:`coadapt.sim.type_models`); refits only after a new configuration was profiled."""
+        if not self.profiles or self.grad is None:
+            return None
+        model = self._models.get(gpu_type)
+        if model is None:
+            anchor = anchor_type(self.profiles, self.gpu_type)
+            perf = self._perf.get(anchor)
+            if perf is None:
+                perf = self._perf[anchor] = self._fit(anchor)
+            if gpu_type != anchor:
+                speed = measured_speed(perf, self.profiles.get(gpu_type, {}))
+                if speed is None:  # never ran there: Gavel's speed ratio
+                    speed = speed_factor(self.app.name, gpu_type) / speed_factor(
+                        self.app.name, anchor
+                    )
+                perf = scale_compute(perf, speed)
+            model = self._models[gpu_type] = GoodputModel(perf, self.grad, self.app.init_batch_size)
+        return model
+
+    def _fit(self, gpu_type: str) -> PerfParams:
+        profile = self.profiles[gpu_type]
+        keys = np.array(list(profile), dtype=np.float64)
+        times = np.array(list(profile.values()), dtype=np.float64)
         try:
             obs = Observations.build(
                 keys[:, 0],
@@ -203,7 +240,7 @@ class _Job:
                 iter_time=times[:, 0],
                 grad_time=times[:, 0] - times[:, 1],
             )
-            return fit_perf_params(obs, initial=self._prev_perf)
+            return fit_perf_params(obs, initial=self._prev_perf.get(gpu_type))
         except FitError as exc:
             raise SimulationError(f"{self.spec.name}: cannot fit its profile: {exc}") from exc
 
@@ -213,19 +250,23 @@ class _Job:
         self.measurements += 1
         if self.grad is None or self.grad.sqr != sqr or self.grad.var != var:
             self.grad = GradParams(sqr, var)
-            self._model = None
+            self._models.clear()
         key = (nodes, replicas, self.atomic_bsz)
-        if key not in self.profile:
-            self.profile[key] = (step, sync)
-            self._prev_perf = self._perf or self._prev_perf
-            self._perf = self._model = None
+        profile = self.profiles.setdefault(self.gpu_type, {})
+        if key not in profile:
+            profile[key] = (step, sync)
+            t = self.gpu_type
+            previous = self._perf.pop(t, None) or self._prev_perf.get(t)
+            if previous is not None:
+                self._prev_perf[t] = previous
+            self._models.clear()
 
     def choose_batch(self) -> None:
         """Pick (atomic batch, accumulation steps) for the current placement."""
         app = self.app
         replicas = self.gpus
         target = self.target_batch
-        if target is None and not self.profile:
+        if target is None and not self.profiles:
             target = max(app.init_batch_size, app.min_local_bsz * replicas)
         if target is None:
             model = self.goodput_model()
@@ -262,13 +303,14 @@ class _Job:
         self.atomic_bsz = min(atomic, int(app.max_batch_size / (replicas * (accum + 1))))
         self._total = replicas * self.atomic_bsz * (accum + 1)
 
-    def reallocate(self, alloc: Allocation | None, now: float) -> None:
+    def reallocate(self, alloc: Allocation | None, now: float, gpu_type: str) -> None:
         if alloc is None:
             self.placement = ()
             self.alloc = None
             self.atomic_bsz = 0
             return
         self.alloc = alloc
+        self.gpu_type = gpu_type
         # Greedy placers fill the emptiest node first, so the ring visits nodes in
         # non-increasing order of GPUs; the artifact keeps that order.
         self.placement = tuple(sorted((int(x) for x in alloc if x), reverse=True))
@@ -293,12 +335,14 @@ class _Job:
         m0 = app.init_batch_size
         while seconds > 0 and self.completion_time is None:
             batch = replicas * self.atomic_bsz * (self.accum_steps + 1)
-            step, sync = app.throughput(self.placement, self.atomic_bsz)
+            step, sync = typed_throughput(app, self.gpu_type, self.placement, self.atomic_bsz)
             sqr, var = app.grad_stats(batch, self.epoch)
             scale = batch / m0
             gain = (var + sqr) / (var / scale + sqr)
+            # Profiles record the job's own speed; co-location slows it by a known fraction.
             self.observe(nodes, replicas, step, sync, sqr, var)
             goodput = gain / (step + (step - sync) * self.accum_steps) * (1.0 - interference)
+            goodput *= self.share
             next_progress = app.progress_at(self.epoch + 1)
             if self.progress + goodput * seconds < next_progress:
                 self.progress += goodput * seconds
@@ -360,14 +404,21 @@ class Simulator:
         self.policy_state: PolicyState = {}  # handed back to the policy each round
         self.diagnostics: list[dict[str, float]] = []  # each round's Decision.diagnostics
         self._utilisation: list[tuple[float, float]] = []
-        self._step_time_memo: dict[tuple[str, int, int], float] = {}
+        self._effective: list[float] = []
+        self._step_time_memo: dict[tuple[str, str, int, int], float] = {}
+        self._types = cluster.gpu_types
+        self._colocation = colocation_table() if self.config.packing else {}
+        self._packed: dict[str, str] = {}  # guest -> host of the last decision
         self._jobs = [self._make_job(spec) for spec in workload.jobs]
+        self._by_name = {j.spec.name: j for j in self._jobs}
 
     def _make_job(self, spec: WorkloadJob) -> _Job:
         app = get_application(spec.application)
         mode = self.policy.batch_mode
         elastic_cap = app.spec.elastic_max_replicas
         pinned = app.spec.adaptive_batch if mode is BatchMode.ADAPTIVE else None
+        if mode is BatchMode.FIXED:
+            pinned = spec.batch_size  # so a policy can price the job's fixed batch per type
         if mode is BatchMode.ADAPTIVE:
             target: int | None = pinned
             max_replicas = min(MAX_TRACED_REPLICAS, app.max_batch_size // app.min_local_bsz)
@@ -378,13 +429,16 @@ class Simulator:
             max_replicas = min(max_replicas, elastic_cap or max_replicas)
         else:
             target = spec.batch_size
-            max_replicas = spec.num_replicas
             if spec.num_replicas > self.cluster.total_gpus:
                 raise SimInputError(
                     f"{self.workload.name}: job {spec.name} asks for {spec.num_replicas} GPUs "
                     f"but cluster {self.cluster} has {self.cluster.total_gpus}; accepted: "
                     f"num_replicas <= {self.cluster.total_gpus}"
                 )
+            # A job runs on one GPU type at a time: a request larger than every type is cut
+            # to the largest type (its batch stays as submitted).
+            largest = max(g.num_nodes * g.gpus_per_node for g in self.cluster.groups)
+            max_replicas = min(spec.num_replicas, largest)
         limits = BatchLimits(
             init_batch_size=app.init_batch_size,
             max_batch_size=app.max_batch_size,
@@ -421,17 +475,33 @@ class Simulator:
         return {name: level for name, nodes in spread.items() if any(count[i] > 1 for i in nodes)}
 
     def _step_time_fn(self, job: _Job) -> Callable[[int], float]:
-        app, batch, gpn = job.app, job.spec.batch_size, self.cluster.gpus_per_node
+        """The oracle's step time on the type the job runs (or last ran) on."""
+        app, batch = job.app, job.spec.batch_size
+        gpu_type = job.gpu_type if job.gpu_type in self._types else self._types[0]
+        gpn = self.cluster.gpus_per_node_of(gpu_type)
         memo = self._step_time_memo
 
         def step_time(replicas: int) -> float:
-            key = (app.name, batch, replicas)
+            key = (app.name, gpu_type, batch, replicas)
             hit = memo.get(key)
             if hit is None:
-                hit = memo[key] = oracle_step_time(app, batch, replicas, gpn)
+                hit = memo[key] = oracle_step_time(app, batch, replicas, gpn, gpu_type)
             return hit
 
         return step_time
+
+    def _packable(self, job: _Job) -> bool:
+        """The memory rule of GPU sharing: a job on one GPU whose batch needs at most half of
+        the largest traced per-GPU batch (the traces' memory limit), so two fit on one GPU."""
+        if job.gpus > 1 or (job.mode is BatchMode.FIXED and job.spec.num_replicas != 1):
+            return False
+        if job.placement:
+            batch = job._total
+        elif job.mode is BatchMode.ADAPTIVE:
+            batch = job.target_batch or job.app.init_batch_size
+        else:
+            batch = job.spec.batch_size
+        return batch <= job.app.max_local_bsz // 2
 
     def _job_facts(self, job: _Job) -> JobFacts:
         """The simulated job in the snapshot builder's neutral terms (attained service is
@@ -447,6 +517,7 @@ class Simulator:
             max_replicas=job.max_replicas,
             max_gpus_held=job.max_profiled_replicas,
             goodput=job.goodput_model() if mode is BatchMode.ADAPTIVE else None,
+            goodput_by_type=self._models_by_type(job),
             limits=job.limits,
             requested_replicas=job.spec.num_replicas,
             step_time=self._step_time_fn(job) if mode is BatchMode.FIXED_BATCH else None,
@@ -455,6 +526,64 @@ class Simulator:
             ),
             allocation=allocation_dict(alloc, self.nodes) if alloc else {},
         )
+
+    def _models_by_type(self, job: _Job) -> dict[str, GoodputModel] | None:
+        """Per-type models, on clusters of several types only (one type: ``goodput`` says it
+        all); also for fixed-batch jobs, which a heterogeneity-aware policy prices per type."""
+        if len(self._types) < 2:
+            return None
+        out: dict[str, GoodputModel] = {}
+        for t in self._types:
+            model = job.model_on(t)
+            if model is not None:
+                out[t] = model
+        return out
+
+    def _snapshot(self, active: list[_Job]) -> ClusterSnapshot:
+        snapshot = build_snapshot(
+            [self._job_facts(j) for j in active],
+            self.nodes,
+            self.now,
+            self.config.restart_delay,
+        )
+        if not self._colocation:
+            return snapshot
+        jobs = {
+            j.spec.name: replace(snapshot.jobs[j.spec.name], packing_key=j.spec.application)
+            if self._packable(j)
+            else snapshot.jobs[j.spec.name]
+            for j in active
+        }
+        return replace(snapshot, jobs=jobs, colocation=self._colocation)
+
+    def _check(
+        self, snapshot: ClusterSnapshot, new: dict[str, Allocation], packed: dict[str, str]
+    ) -> dict[str, str]:
+        """Each job's GPU type; raise :class:`PolicyError` for a job given GPUs of two types
+        or a packing the memory rule or the co-location table does not allow."""
+        types: dict[str, str] = {}
+        for name, alloc in new.items():
+            kinds = {self.nodes[i].gpu_type for i, x in enumerate(alloc) if x}
+            if len(kinds) > 1:
+                raise PolicyError(
+                    f"job {name!r} got GPUs of several types ({', '.join(sorted(kinds))}); "
+                    f"a job runs on one type at a time"
+                )
+            types[name] = kinds.pop()
+        hosts: set[str] = set()
+        for guest, host in packed.items():
+            if host in hosts:
+                raise PolicyError(f"host {host!r} has more than one packed guest")
+            hosts.add(host)
+            a, b = snapshot.jobs[guest], snapshot.jobs[host]
+            if a.packing_key is None or b.packing_key is None or sum(new[host]) != 1:
+                raise PolicyError(
+                    f"packing {guest!r} on {host!r}: only 1-GPU jobs within the memory limit "
+                    f"(a packing_key) may share a GPU"
+                )
+            if (a.packing_key, b.packing_key) not in snapshot.colocation:
+                raise PolicyError(f"packing {guest!r} on {host!r}: pair has no co-location data")
+        return types
 
     def step(self) -> None:
         """Advance one scheduling interval, then run the policy and apply its decision."""
@@ -467,30 +596,37 @@ class Simulator:
             j for j in self._jobs if j.spec.submit_time <= self.now and j.completion_time is None
         ]
         if active:
-            snapshot = build_snapshot(
-                [self._job_facts(j) for j in active],
-                self.nodes,
-                self.now,
-                self.config.restart_delay,
-            )
+            snapshot = self._snapshot(active)
             current = snapshot.current
             rng = np.random.default_rng([self.config.seed, self.round])
             decision = self.policy.optimize(snapshot, self.policy_state, rng)
             decided = decision.allocations
             self.policy_state = decision.state
             self.diagnostics.append(decision.diagnostics)
+            new = {k: tuple(int(x) for x in a) for k, a in decided.items() if any(a)}
+            packed = dict(decision.packed)
             try:
-                validate_allocations(snapshot, decided)
+                validate_allocations(snapshot, decided, packed)
+                types = self._check(snapshot, new, packed)
             except PolicyError as exc:
                 raise SimulationError(f"policy {self.policy.name}: {exc}") from exc
-            new = {k: tuple(int(x) for x in a) for k, a in decided.items() if any(a)}
+            shares: dict[str, float] = {}
+            apps = {j.spec.name: j.spec.application for j in active}
+            for guest, host in packed.items():
+                shares[guest], shares[host] = self._colocation[apps[guest], apps[host]]
             for job in active:
-                before, after = current.get(job.spec.name), new.get(job.spec.name)
+                name = job.spec.name
+                before, after = current.get(name), new.get(name)
                 if before != after:
-                    job.reallocate(after, self.now)
+                    job.reallocate(after, self.now, types.get(name, job.gpu_type))
+                job.share = shares.get(name, 1.0)
             self._alloc = new
-        used = sum(sum(a) for a in self._alloc.values() if a)
+            self._packed = packed
+        # Busy GPUs: a GPU shared by a packed pair counts once.
+        used = sum(sum(a) for k, a in self._alloc.items() if a and k not in self._packed)
         self._utilisation.append((self.now, used / self.cluster.total_gpus))
+        work = sum(sum(a) * self._by_name[k].share for k, a in self._alloc.items() if a)
+        self._effective.append(work / self.cluster.total_gpus)
         self.round += 1
 
     def run(self, progress: ProgressFn | None = None) -> SimResult:
@@ -520,6 +656,7 @@ class Simulator:
             jobs=tuple(j.record() for j in self._jobs),
             utilisation=tuple(self._utilisation),
             end_time=self.now,
+            effective_utilisation=tuple(self._effective),
         )
 
 

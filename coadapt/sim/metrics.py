@@ -29,6 +29,9 @@ class PolicySummary:
     sim_wall_s: float  # measured by the caller, outside the simulation
     utilisation: tuple[tuple[float, float], ...]
     jobs: tuple[JobRecord, ...]
+    # Busy GPU-seconds / capacity over the run (a GPU shared by a packed pair counts once).
+    gpu_util: float = float("nan")
+    effective_util: float = float("nan")  # isolated-equivalent GPU work / capacity
 
     def jcts(self) -> list[float]:
         return [j.jct for j in self.jobs if j.jct is not None]
@@ -48,6 +51,8 @@ class PolicySummary:
             "gpu_hours": self.gpu_hours,
             "avg_queue_s": self.avg_queue_s,
             "sim_wall_s": self.sim_wall_s,
+            "gpu_util": self.gpu_util,
+            "effective_util": self.effective_util,
             "utilisation": [[t, u] for t, u in self.utilisation],
             "jobs": [
                 {
@@ -93,4 +98,8 @@ def summarise(result: SimResult, sim_wall_s: float = 0.0) -> PolicySummary:
         sim_wall_s=sim_wall_s,
         utilisation=result.utilisation,
         jobs=result.jobs,
+        # Each round's fraction holds for one scheduling interval, so the mean is the share of
+        # GPU-seconds that were busy.
+        gpu_util=_stat([u for _, u in result.utilisation], "mean"),
+        effective_util=_stat(list(result.effective_utilisation), "mean"),
     )
