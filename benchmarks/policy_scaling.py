@@ -7,8 +7,11 @@ of the jobs are already running. Same seed, same snapshots.
 
     python benchmarks/policy_scaling.py --json out/policy_scaling.json
 
-Goals (issue 2): pollux <= 100 ms at 64 GPUs and <= 1 s at 2048 GPUs on 2 cores, fitness >=
-pollux-ga's wherever both ran. The GA is skipped above ``--ga-max-gpus`` (minutes per round).
+Goals (issues 2 and 18): pollux <= 100 ms at 64 GPUs and <= 1 s at 2048 GPUs on 2 cores, on
+homogeneous and on heterogeneous snapshots (``--hetero``: a quarter of the nodes V100, a
+quarter P100, half K80; each job's compute terms slowed per type, some jobs restricted to
+types), fitness >= pollux-ga's wherever both ran (homogeneous only: the GA is type-blind).
+The GA is skipped above ``--ga-max-gpus`` (minutes per round).
 The GA is reported cold (one round from the current allocation, as the first round of a live
 scheduler) and warm (after ``--ga-warm-rounds`` rounds with its population carried over);
 "vs best GA" compares with the better of the two.
@@ -21,9 +24,10 @@ import csv
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -137,6 +141,37 @@ def make_snapshot(gpus: int, jobs: int, seed: int, apps: dict[str, AppTrace]) ->
     return ClusterSnapshot(now=now, nodes=nodes, jobs=infos, current=current)
 
 
+#: Compute-time slowdown per GPU type (V100 = 1), the range of Gavel's measured ratios.
+TYPE_SLOWDOWN = {"v100": (1.0, 1.0), "p100": (1.3, 2.2), "k80": (2.5, 5.5)}
+
+
+def heterogeneous(snap: ClusterSnapshot, seed: int) -> ClusterSnapshot:
+    """``snap`` on three GPU types: nodes re-typed (1/4 V100, 1/4 P100, 1/2 K80), each fitted
+    job given a model per type, one job in five restricted to two types; running jobs keep
+    their GPUs (a job spanning types counts as on the type where it holds most)."""
+    rng = np.random.default_rng(seed)
+    n = len(snap.nodes)
+    kinds = ["v100"] * (n // 4) + ["p100"] * (n // 4)
+    kinds += ["k80"] * (n - len(kinds))
+    nodes = tuple(replace(node, gpu_type=t) for node, t in zip(snap.nodes, kinds, strict=True))
+    jobs: dict[str, JobInfo] = {}
+    for name, job in snap.jobs.items():
+        by_type: dict[str, GoodputModel] | None = None
+        if job.goodput is not None:
+            by_type = {}
+            for t, (lo, hi) in TYPE_SLOWDOWN.items():
+                slow = float(rng.uniform(lo, hi))
+                perf = replace(
+                    job.goodput.perf,
+                    alpha_grad=job.goodput.perf.alpha_grad * slow,
+                    beta_grad=job.goodput.perf.beta_grad * slow,
+                )
+                by_type[t] = replace(job.goodput, perf=perf)
+        allowed = ("v100", "k80") if rng.random() < 0.2 else None
+        jobs[name] = replace(job, goodput_by_type=by_type, gpu_types=allowed)
+    return replace(snap, nodes=nodes, jobs=jobs)
+
+
 def warm_ga_fitness(snap: ClusterSnapshot, rounds: int) -> float:
     """The GA's fitness after ``rounds`` rounds on the same snapshot, its population carried
     over as in a live scheduler — the GA's best case, not a cold start."""
@@ -171,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ga-max-gpus", type=int, default=256)
     parser.add_argument("--sizes", type=str, default=None, help="e.g. 64x32,256x128")
     parser.add_argument(
+        "--hetero", action="store_true", help="also time pollux on heterogeneous snapshots"
+    )
+    parser.add_argument(
         "--ga-warm-rounds",
         type=int,
         default=5,
@@ -182,24 +220,32 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]  # type: ignore[misc]
     console = Console(stderr=True)
     apps = {name: load_app(name) for name in APPS}
-    results = []
+    results: list[dict[str, Any]] = []
     table = Table(title="One scheduling round (median ms; FITNESS_p, p = -1)")
-    for col in ("GPUs", "jobs", "policy", "latency ms", "fitness", "vs best GA"):
+    for col in ("GPUs", "jobs", "cluster", "policy", "latency ms", "fitness", "vs best GA"):
         table.add_column(col, justify="right")
     for gpus, jobs in sizes:
         snap = make_snapshot(gpus, jobs, args.seed + gpus + jobs, apps)
         console.log(f"{gpus} GPUs / {jobs} jobs: pollux")
         ms, fit = run_policy("pollux", snap, args.repeats)
         results.append(
-            {"gpus": gpus, "jobs": jobs, "policy": "pollux", "latency_ms": ms, "fitness": fit}
+            {
+                "gpus": gpus,
+                "jobs": jobs,
+                "cluster": "homogeneous",
+                "policy": "pollux",
+                "latency_ms": ms,
+                "fitness": fit,
+            }
         )
         ga_fit = None
         if gpus <= args.ga_max_gpus:
             console.log(f"{gpus} GPUs / {jobs} jobs: pollux-ga (100 x 100)")
             ga_ms, ga_fit = run_policy("pollux-ga", snap, 1)
-            row = {
+            row: dict[str, Any] = {
                 "gpus": gpus,
                 "jobs": jobs,
+                "cluster": "homogeneous",
                 "policy": "pollux-ga",
                 "latency_ms": ga_ms,
                 "fitness": ga_fit,
@@ -208,16 +254,39 @@ def main(argv: list[str] | None = None) -> int:
                 console.log(
                     f"{gpus} GPUs / {jobs} jobs: pollux-ga, {args.ga_warm_rounds} warm rounds"
                 )
-                row["fitness_warm"] = warm_ga_fitness(snap, args.ga_warm_rounds)
-                ga_fit = max(ga_fit, row["fitness_warm"])
+                warm = warm_ga_fitness(snap, args.ga_warm_rounds)
+                row["fitness_warm"] = warm
+                ga_fit = max(ga_fit, warm)
             results.append(row)
         ratio = f"{fit / ga_fit:.3f}x" if ga_fit else "GA skipped"
-        table.add_row(str(gpus), str(jobs), "pollux", f"{ms:.1f}", f"{fit:.4f}", ratio)
+        table.add_row(str(gpus), str(jobs), "homog.", "pollux", f"{ms:.1f}", f"{fit:.4f}", ratio)
         if ga_fit is not None:
             last = results[-1]
-            warm = last.get("fitness_warm")
-            shown = f"{last['fitness']:.4f}" + (f" (warm {warm:.4f})" if warm is not None else "")
-            table.add_row(str(gpus), str(jobs), "pollux-ga", f"{last['latency_ms']:.0f}", shown, "")
+            warm_fit = last.get("fitness_warm")
+            shown = f"{last['fitness']:.4f}" + (
+                f" (warm {warm_fit:.4f})" if warm_fit is not None else ""
+            )
+            table.add_row(
+                str(gpus), str(jobs), "homog.", "pollux-ga", f"{last['latency_ms']:.0f}", shown, ""
+            )
+        if args.hetero:
+            hsnap = heterogeneous(snap, args.seed + gpus)
+            for name in ("pollux", "pollux-unaware"):
+                console.log(f"{gpus} GPUs / {jobs} jobs, three types: {name}")
+                h_ms, h_fit = run_policy(name, hsnap, args.repeats)
+                results.append(
+                    {
+                        "gpus": gpus,
+                        "jobs": jobs,
+                        "cluster": "heterogeneous",
+                        "policy": name,
+                        "latency_ms": h_ms,
+                        "fitness": h_fit,
+                    }
+                )
+                table.add_row(
+                    str(gpus), str(jobs), "3 types", name, f"{h_ms:.1f}", f"{h_fit:.4f}", ""
+                )
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

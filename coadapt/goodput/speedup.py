@@ -96,6 +96,12 @@ class SpeedupFunction:
             offset += len(n)
         return fns
 
+    @property
+    def reference_goodput(self) -> float:
+        """The goodput every speedup is relative to (GPUs on the reference for a job without
+        a model), so speedups of one job on different GPU types can be put on one scale."""
+        return self._base
+
     def scalar(self, num_nodes: int, num_replicas: int) -> float:
         """Fast path for one allocation (the optimiser's inner loop)."""
         if self.model is None:

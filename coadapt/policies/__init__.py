@@ -22,7 +22,7 @@ from coadapt.policies.base import (
 )
 
 #: Policy names accepted by :func:`make_policy`, the CLI and the controller.
-POLICY_NAMES = ("pollux", "pollux-ga", "tiresias", "optimus", "fifo")
+POLICY_NAMES = ("pollux", "pollux-unaware", "pollux-ga", "tiresias", "optimus", "fifo", "gavel")
 
 
 def make_policy(name: str, **options: Any) -> Policy:
@@ -31,6 +31,10 @@ def make_policy(name: str, **options: Any) -> Policy:
         from coadapt.policies.pollux import PolluxPolicy
 
         return PolluxPolicy(**options)
+    if name == "pollux-unaware":
+        from coadapt.policies.pollux import PolluxUnawarePolicy
+
+        return PolluxUnawarePolicy(**options)
     if name == "pollux-ga":
         from coadapt.policies.pollux_ga import PolluxGAPolicy
 
@@ -43,6 +47,10 @@ def make_policy(name: str, **options: Any) -> Policy:
         from coadapt.policies.optimus import OptimusPolicy
 
         return OptimusPolicy(**options)
+    if name == "gavel":
+        from coadapt.policies.gavel import GavelPolicy
+
+        return GavelPolicy(**options)
     if name == "fifo":
         from coadapt.policies.fifo import FifoPolicy
 

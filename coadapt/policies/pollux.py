@@ -1,4 +1,6 @@
-"""Pollux's scheduling policy with a fast optimiser (the default ``pollux``).
+"""Pollux's scheduling policy with a fast optimiser: ``pollux-unaware`` (the authors' objective)
+and the default ``pollux`` (the same optimiser with :data:`DEFAULT_LEVERS`, GPU types and
+packing; ``docs/hetero.md``, "The default policy").
 
 The paper maximises FITNESS_p with a genetic algorithm: 100 individuals × 100 generations,
 seconds per round at 64 GPUs. FITNESS_p is a sum of per-job terms, and a job's term depends
@@ -17,7 +19,8 @@ on its allocation only through (nodes, GPUs, changed?), so we can optimise struc
    On small problems a second search starts from the current allocation, which catches
    bin-packing effects the count phase cannot see.
 
-The result is never worse than keeping every allocation as it is. Policy and GA share
+The result is never worse than keeping every allocation as it is. (Step 2 places GPUs on
+nodes; GPU *sharing* is :mod:`coadapt.policies.packing`.) Policy and GA share
 :class:`PolluxProblem`, so their fitness values are directly comparable
 (``benchmarks/policy_scaling.py``), and both honour ``JobInfo.priority`` the same way: through
 the priority weights of FITNESS_p (:mod:`coadapt.policies.pollux_problem`).
@@ -26,14 +29,20 @@ the priority weights of FITNESS_p (:mod:`coadapt.policies.pollux_problem`).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
-from coadapt.policies.pollux_problem import IntArray, PolluxProblem
+from coadapt.policies.packing import OneGpu, Term, choose_packing, split_guests
+from coadapt.policies.polish import polish_pairs
+from coadapt.policies.pollux_problem import IntArray, Levers, PolluxProblem
+from coadapt.policies.pollux_types import TypedPollux
 
 _TOL = 1e-12
+#: The default ``pollux``'s levers (see :class:`Levers`; chosen on the artifact workloads).
+DEFAULT_LEVERS: dict[str, Any] = {"explore": 4.0, "first": 4, "hold": 0.15}
 
 
 @dataclass(frozen=True)
@@ -579,8 +588,42 @@ def _pack(problem: PolluxProblem, counts: list[int]) -> IntArray:
     return state
 
 
-class PolluxPolicy:
-    """FITNESS_p-maximising Pollux policy (eq. 15-16) with a greedy + local-search optimiser.
+def search(
+    problem: PolluxProblem, admission: str, search_rounds: int, exhaustive_limit: int
+) -> tuple[IntArray, float]:
+    """The best allocation matrix found for ``problem`` and its FITNESS_p (never worse than
+    keeping every allocation as it is)."""
+    floor = 1 if admission == "las" else 0
+    counts = _choose_counts(problem, _count_utilities(problem), admission)
+    starts = [_pack(problem, counts)]
+    if problem.num_jobs * problem.total_gpus <= exhaustive_limit:
+        # Small problems: also search from the current allocation placement-aware, which
+        # catches bin-packing effects the count phase cannot see.
+        starts.append(problem.base)
+    best, fit = problem.base, float(problem.fitness(problem.base[None])[0])
+    for i, start in enumerate(starts):
+        state = _Search(problem, start, floor)
+        state.greedy()  # hand out GPUs the packing left over
+        for _ in range(3):
+            changed = state.reverts()
+            # Transfers are the expensive move: the extra start gets a few rounds.
+            if i == 0:
+                changed = state.transfers(search_rounds) or changed
+            else:
+                changed = state.transfers_wide(max(search_rounds // 10, 1)) or changed
+            if not changed:
+                break
+            state.greedy()
+        value = float(problem.fitness(state.state[None])[0])
+        if value > fit + 1e-15:  # never worse than standing still
+            best, fit = state.state.copy(), value
+    return best, fit
+
+
+class PolluxUnawarePolicy:
+    """The authors' FITNESS_p (eq. 15-16) with a greedy + local-search optimiser, blind to GPU
+    types and sharing (``pollux-unaware``: the baseline the default ``pollux`` is measured
+    against; it matches the authors' Pollux on the artifact workloads).
 
     ``p``: fairness exponent of the power mean (-1 in the paper). ``epsilon``: added to each
     speedup so an idle job counts as a large finite loss at p < 0. ``avoid_interference``: no
@@ -589,11 +632,15 @@ class PolluxPolicy:
     ``admission``: ``"fitness"`` lets the objective pick which jobs run when GPUs are scarce;
     ``"las"`` admits in least-attained-service order first (a 2D-LAS flavour). ``fair_reference``:
     see :class:`PolluxProblem`. ``exhaustive_limit``: jobs × GPUs below which the second search
-    start runs.
+    start runs. The remaining options are the :class:`Levers` (all off: the paper's objective).
+
+    On several GPU types it stays type-blind in goodput (each job's type-less model on every
+    type) but places each job on one type it allows, as such clusters require.
     """
 
-    name = "pollux"
+    name = "pollux-unaware"
     batch_mode = BatchMode.ADAPTIVE
+    type_aware = True  # one GPU type per job, ``JobInfo.allows`` respected (not goodput)
 
     def __init__(
         self,
@@ -605,11 +652,20 @@ class PolluxPolicy:
         admission: str = "fitness",
         exhaustive_limit: int = 64 * 64,
         fair_reference: str = "packed",
+        payback: float = 0.0,
+        service_scale: float = 3600.0,
+        service_power: float = 0.0,
+        explore: float = 2.0,
+        first: int = 1,
+        hold: float = 0.0,
     ) -> None:
-        self.fair_reference = fair_reference
-        self.exhaustive_limit = exhaustive_limit
         if admission not in ("fitness", "las"):
             raise ValueError(f"admission must be 'fitness' or 'las', got {admission!r}")
+        if fair_reference not in ("packed", "spread"):
+            raise ValueError(f"fair_reference must be 'packed' or 'spread', got {fair_reference!r}")
+        self.levers = Levers(payback, service_scale, service_power, explore, first, hold)
+        self.fair_reference = fair_reference
+        self.exhaustive_limit = exhaustive_limit
         self.admission = admission
         self.p = p
         self.switch_margin = switch_margin
@@ -617,7 +673,7 @@ class PolluxPolicy:
         self.avoid_interference = avoid_interference
         self.search_rounds = search_rounds
 
-    def problem(self, snapshot: ClusterSnapshot) -> PolluxProblem:
+    def problem(self, snapshot: ClusterSnapshot, fair_share: int | None = None) -> PolluxProblem:
         return PolluxProblem(
             snapshot,
             self.p,
@@ -625,38 +681,114 @@ class PolluxPolicy:
             self.avoid_interference,
             self.switch_margin,
             self.fair_reference,
+            self.levers,
+            fair_share,
         )
+
+    def growth_cap(self, max_gpus_held: int, max_replicas: int) -> int:
+        """Most GPUs a job may get given the most it ever held (the exploration cap)."""
+        return self.levers.cap(max_gpus_held, max_replicas)
+
+    def solve(self, problem: PolluxProblem) -> tuple[IntArray, float]:
+        """This policy's optimiser on one (homogeneous) problem."""
+        return search(problem, self.admission, self.search_rounds, self.exhaustive_limit)
 
     def optimize(
         self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
     ) -> Decision:
         """Maximise FITNESS_p; ``diagnostics["fitness"]`` is the decision's FITNESS_p."""
         del state, rng  # stateless; deterministic: ties break by job order
+        if len(snapshot.gpu_types) > 1 and snapshot.jobs:
+            # Type-blind in goodput (every type is worth the same to a job), but a job still
+            # runs on one type, one it allows: the baseline a type-aware policy is measured by.
+            blind = replace(
+                snapshot,
+                jobs={k: replace(j, goodput_by_type=None) for k, j in snapshot.jobs.items()},
+            )
+            allocs, fit = TypedPollux(blind, self.problem, self.solve, self.levers).run()
+            return Decision(allocs, diagnostics={"fitness": fit})
         problem = self.problem(snapshot)
         if problem.num_jobs == 0 or problem.num_nodes == 0:
             return Decision({})
-        floor = 1 if self.admission == "las" else 0
-        counts = _choose_counts(problem, _count_utilities(problem), self.admission)
-        starts = [_pack(problem, counts)]
-        if problem.num_jobs * problem.total_gpus <= self.exhaustive_limit:
-            # Small problems: also search from the current allocation placement-aware, which
-            # catches bin-packing effects the count phase cannot see.
-            starts.append(problem.base)
-        best, fit = problem.base, float(problem.fitness(problem.base[None])[0])
-        for i, start in enumerate(starts):
-            search = _Search(problem, start, floor)
-            search.greedy()  # hand out GPUs the packing left over
-            for _ in range(3):
-                changed = search.reverts()
-                # Transfers are the expensive move: the extra start gets a few rounds.
-                if i == 0:
-                    changed = search.transfers(self.search_rounds) or changed
-                else:
-                    changed = search.transfers_wide(max(self.search_rounds // 10, 1)) or changed
-                if not changed:
-                    break
-                search.greedy()
-            value = float(problem.fitness(search.state[None])[0])
-            if value > fit + 1e-15:  # never worse than standing still
-                best, fit = search.state.copy(), value
+        best, fit = self.solve(problem)
         return Decision(problem.to_allocations(best), diagnostics={"fitness": fit})
+
+
+class PolluxPolicy(PolluxUnawarePolicy):
+    """The default ``pollux``: FITNESS_p with fewer restarts and faster ramp-up, across GPU
+    types, with GPU sharing.
+
+    On one GPU type with no per-type models it is exactly :class:`PolluxUnawarePolicy` with
+    :data:`DEFAULT_LEVERS` (measured one by one on the artifact workloads, ``docs/hetero.md``),
+    plus pair re-placements on small problems (:mod:`coadapt.policies.polish`; none at 16×4).
+    With several types it allocates by per-type goodput (:mod:`coadapt.policies.pollux_types`),
+    and where the snapshot lists co-location figures it packs waiting 1-GPU jobs onto running
+    ones when that raises FITNESS_p (:mod:`coadapt.policies.packing`).
+    """
+
+    name = "pollux"
+
+    def __init__(self, **options: Any) -> None:
+        merged = {**DEFAULT_LEVERS, **options}
+        super().__init__(**merged)
+
+    def solve(self, problem: PolluxProblem) -> tuple[IntArray, float]:
+        """The homogeneous optimiser, then pair re-placements on small problems."""
+        best, fit = super().solve(problem)
+        polished = polish_pairs(problem, best)
+        if not np.array_equal(polished, best):
+            value = float(problem.fitness(polished[None])[0])
+            if value > fit:
+                return polished, value
+        return best, fit
+
+    def optimize(
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
+        """Maximise FITNESS_p across types; ``diagnostics["fitness"]`` is the allocation's
+        FITNESS_p (packing gains not included), ``diagnostics["packed"]`` the guests."""
+        del state, rng  # stateless; deterministic: ties break by job order
+        if not snapshot.jobs or not snapshot.nodes:
+            return Decision({})
+        previous = split_guests(snapshot)
+        snap = snapshot
+        if previous:  # packed guests over-commit their GPU: the optimiser sees them waiting
+            snap = replace(
+                snapshot,
+                current={k: v for k, v in snapshot.current.items() if k not in previous},
+            )
+        plain = len(snap.gpu_types) == 1 and all(
+            j.goodput_by_type is None and j.allows(snap.gpu_types[0]) for j in snap.jobs.values()
+        )
+        one_gpu: OneGpu
+        term: Term
+        if plain:
+            problem = self.problem(snap)
+            best, fit = self.solve(problem)
+            allocs = problem.to_allocations(best)
+            speedups = problem.job_speedups(best[None])[0]
+            held = {n: float(speedups[j]) for j, n in enumerate(problem.names) if n in allocs}
+            index = {n: j for j, n in enumerate(problem.names)}
+
+            def one_gpu(name: str, gpu_type: str, changed: bool) -> float:
+                return problem.speedup(index[name], 1, 1, changed)
+
+            def term(name: str, speedup: float) -> float:
+                return problem.utility(index[name], speedup)
+        else:
+            # The second search start is for small problems as a whole, not per type.
+            limit = self.exhaustive_limit
+            if len(snap.jobs) * snap.total_gpus > limit:
+                limit = 0
+
+            def solve(problem: PolluxProblem) -> tuple[IntArray, float]:
+                return search(problem, self.admission, self.search_rounds, limit)
+
+            typed = TypedPollux(snap, self.problem, solve, self.levers, polish=polish_pairs)
+            allocs, fit = typed.run()
+            held, one_gpu, term = typed.speedups, typed.one_gpu, typed.term
+        packed = choose_packing(snap, allocs, held, one_gpu, term, previous)
+        for guest, host in packed.items():
+            allocs[guest] = allocs[host]
+        diagnostics = {"fitness": fit, "packed": float(len(packed))}
+        return Decision(allocs, diagnostics=diagnostics, packed=packed)

@@ -31,6 +31,7 @@ interference avoidance is on; each job between its min replicas (or 0) and its c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,6 +58,50 @@ def priority_weights(priorities: list[int]) -> FloatArray | None:
     return np.array([PRIORITY_BASE ** rank[p] for p in priorities], dtype=np.float64)
 
 
+def combine_weights(a: FloatArray | None, b: FloatArray | None) -> FloatArray | None:
+    """The product of two optional weight vectors (None: all ones)."""
+    if a is None:
+        return b
+    return a if b is None else a * b
+
+
+@dataclass(frozen=True)
+class Levers:
+    """Departures from the paper's objective that the default ``pollux`` uses (all off here,
+    which is exactly the authors' FITNESS_p, i.e. ``pollux-unaware``).
+
+    ``payback``: a changed allocation pays ``payback × δ × current speedup / age`` (the restart
+    amortised over the job's expected remaining time), so a job is re-allocated only when the
+    gain pays back the restart. ``service_scale``/``service_power``: weight each job by
+    ``(1 + attained GPU-s / scale) ** -power``, favouring jobs that have received little
+    service (least-attained service approximates shortest-remaining for heavy-tailed DL job
+    sizes without oracle knowledge). ``explore``: growth cap as a multiple of the most GPUs
+    held (2 in the paper); ``first``: GPUs a job that never ran may start on (1 in the paper).
+    ``hold``: a running job's changed allocation is discounted by this fraction (hysteresis
+    that, unlike ``switch_margin``, leaves the admission of waiting jobs alone).
+    """
+
+    payback: float = 0.0
+    service_scale: float = 3600.0
+    service_power: float = 0.0
+    explore: float = 2.0
+    first: int = 1
+    hold: float = 0.0
+
+    def service_weights(self, jobs: list[JobInfo]) -> FloatArray | None:
+        if self.service_power == 0 or not jobs:
+            return None
+        served = np.array([max(j.attained_service, 0.0) for j in jobs], dtype=np.float64)
+        return np.asarray((1.0 + served / self.service_scale) ** -self.service_power)
+
+    def cap(self, max_gpus_held: int, max_replicas: int) -> int:
+        if max_gpus_held <= 0:
+            return max(1, min(max_replicas, self.first))
+        if self.explore == 2.0:
+            return exploration_cap(max_gpus_held, max_replicas)
+        return max(1, min(max_replicas, math.floor(self.explore * max_gpus_held)))
+
+
 def _limits_for(job: JobInfo) -> BatchLimits:
     if job.limits is not None:
         return job.limits
@@ -75,15 +120,21 @@ class PolluxProblem:
         avoid_interference: bool = True,
         switch_margin: float = 0.0,
         fair_reference: str = "packed",
+        levers: Levers | None = None,
+        fair_share: int | None = None,
     ) -> None:
         self.snapshot = snapshot
+        self.levers = levers or Levers()
         self.switch_margin = float(switch_margin)
         self.p = float(p)
         self.epsilon = float(epsilon)
         self.avoid_interference = avoid_interference
         self.jobs: list[JobInfo] = list(snapshot.jobs.values())
         self.names = [job.name for job in self.jobs]
-        self.weights = priority_weights([job.priority for job in self.jobs])
+        self.weights = combine_weights(
+            priority_weights([job.priority for job in self.jobs]),
+            self.levers.service_weights(self.jobs),
+        )
         self.node_caps: IntArray = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
         self.num_jobs = len(self.jobs)
         self.num_nodes = len(snapshot.nodes)
@@ -92,6 +143,8 @@ class PolluxProblem:
         per_node = int(self.node_caps.max()) if self.num_nodes else 1
         self.gpus_per_node = max(per_node, 1)
         fair_k = max(1, math.ceil(total / max(self.num_jobs, 1)))
+        if fair_share is not None:  # a type's sub-problem uses the whole cluster's fair share
+            fair_k = max(1, int(fair_share))
         if fair_reference == "packed":
             fair_n = 1
         elif fair_reference == "spread":
@@ -100,7 +153,7 @@ class PolluxProblem:
             raise ValueError(f"fair_reference must be 'packed' or 'spread', got {fair_reference!r}")
         self.fair = (fair_n, fair_k)
         self.max_replicas: IntArray = np.array(
-            [min(exploration_cap(job.max_gpus_held, job.max_replicas), total) for job in self.jobs],
+            [min(self.levers.cap(job.max_gpus_held, job.max_replicas), total) for job in self.jobs],
             dtype=np.int64,
         )
         self.speedup_fns = SpeedupFunction.build_many(
@@ -129,6 +182,35 @@ class PolluxProblem:
         self.realloc_factor = np.where(
             idle, np.maximum(self.realloc_factor, PENDING_FACTOR_FLOOR), self.realloc_factor
         )
+        if self.levers.hold > 0:  # hysteresis: a running job moves only for a clear gain
+            self.realloc_factor = np.where(
+                idle, self.realloc_factor, self.realloc_factor * (1.0 - self.levers.hold)
+            )
+        self.scale: FloatArray = np.ones(self.num_jobs, dtype=np.float64)
+        self.payback_penalty: FloatArray = np.zeros(self.num_jobs, dtype=np.float64)
+        self._set_payback()
+
+    def set_scale(self, scale: FloatArray) -> None:
+        """Multiply each job's speedups by ``scale`` (a type's sub-problem: the job's goodput
+        on this type relative to its best type, so speedups compare across types)."""
+        self.scale = np.asarray(scale, dtype=np.float64).copy()
+        self._set_payback()
+
+    def _set_payback(self) -> None:
+        """Restart payback: a change costs the job δ of its current speedup, amortised over
+        its expected remaining time (its age, the only estimate a live controller has)."""
+        self.payback_penalty[:] = 0.0
+        if self.levers.payback <= 0:
+            return
+        delta = self.snapshot.restart_delay
+        for j, job in enumerate(self.jobs):
+            k = int(self.base[j].sum())
+            if k == 0:
+                continue
+            nodes = int(np.count_nonzero(self.base[j]))
+            s_now = self.speedup_fns[j].scalar(nodes, k) * float(self.scale[j])
+            horizon = max(job.age(self.snapshot.now), delta, 1.0)
+            self.payback_penalty[j] = self.levers.payback * delta * s_now / horizon
 
     def _compact_shapes(self, cap: int) -> tuple[IntArray, IntArray]:
         """(nodes, GPUs) the search mostly asks about: K GPUs on the fewest nodes, and on one
@@ -190,8 +272,11 @@ class PolluxProblem:
         """SPEEDUP_j with the re-allocation factor applied when the allocation changes."""
         if replicas <= 0:
             return 0.0
-        value = self.speedup_fns[j].scalar(nodes, replicas)
-        return value * self.realloc_factor[j] * (1.0 - self.switch_margin) if changed else value
+        value = self.speedup_fns[j].scalar(nodes, replicas) * float(self.scale[j])
+        if not changed:
+            return value
+        value *= self.realloc_factor[j] * (1.0 - self.switch_margin)
+        return max(value - float(self.payback_penalty[j]), 0.0)
 
     def utility(self, j: int, speedup: float) -> float:
         """Job j's term g_j(s) whose sum orders states exactly as FITNESS_p does (its priority
@@ -216,8 +301,10 @@ class PolluxProblem:
             live = replicas[:, j] > 0
             if np.any(live):
                 out[live, j] = fn(nodes[live, j], replicas[live, j])
+        out *= self.scale[None, :]
         factor = self.realloc_factor[None, :] * (1.0 - self.switch_margin)
-        return np.where(changed, out * factor, out)
+        moved = np.maximum(out * factor - self.payback_penalty[None, :], 0.0)
+        return np.where(changed & (replicas > 0), moved, out)
 
     def fitness_of_speedups(self, speedups: FloatArray) -> FloatArray:
         x = np.asarray(speedups, dtype=np.float64) + self.epsilon

@@ -41,7 +41,18 @@ def state_of(ctl: LiveController, job_id: str) -> dict[str, Any]:
         return c.job(job_id)
 
 
-def test_submit_run_rescale_finish_with_the_cli(live: LiveController, tmp_path: Path) -> None:
+def test_submit_run_rescale_finish_with_the_cli(tmp_path: Path) -> None:
+    # The paper's policy starts a new job on one slot and grows it once profiled; the default
+    # ``pollux`` may start it on all four of this cluster's slots at once (nothing to grow).
+    live = LiveController(tmp_path / "state", extra=["--policy", "pollux-unaware"]).start()
+    try:
+        _submit_run_rescale_finish(live, tmp_path)
+    finally:
+        live.stop()
+        live.kill_replicas()
+
+
+def _submit_run_rescale_finish(live: LiveController, tmp_path: Path) -> None:
     spec = job_spec(tmp_path, args=["--steps", "160", "--step-time", "0.05"])
     out = live.cli("submit", str(spec))
     assert out.returncode == 0, out.stderr

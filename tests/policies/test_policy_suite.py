@@ -24,7 +24,7 @@ from coadapt.policies import (
     state_to_json,
     validate_allocations,
 )
-from tests.policies.builders import random_snapshot
+from tests.policies.builders import random_hetero_snapshot, random_snapshot
 
 FAST_OPTIONS: dict[str, dict[str, Any]] = {"pollux-ga": {"population": 12, "generations": 4}}
 
@@ -33,8 +33,14 @@ def _make(name: str) -> Policy:
     return make_policy(name, **FAST_OPTIONS.get(name, {}))
 
 
-def check_invariants(policy: Policy, snap: ClusterSnapshot, allocs: dict[str, Any]) -> None:
-    validate_allocations(snap, allocs)
+def check_invariants(
+    policy: Policy,
+    snap: ClusterSnapshot,
+    allocs: dict[str, Any],
+    packed: dict[str, str] | None = None,
+) -> None:
+    validate_allocations(snap, allocs, packed)
+    cap = getattr(policy, "growth_cap", exploration_cap)  # a policy may declare its own
     for name, alloc in allocs.items():
         job = snap.jobs[name]
         k = sum(alloc)
@@ -43,7 +49,10 @@ def check_invariants(policy: Policy, snap: ClusterSnapshot, allocs: dict[str, An
         assert k <= job.max_replicas, (name, k, job.max_replicas)
         assert k >= job.min_replicas, (name, k, job.min_replicas)
         if policy.batch_mode is BatchMode.ADAPTIVE:
-            assert k <= exploration_cap(job.max_gpus_held, job.max_replicas), (name, k)
+            assert k <= cap(job.max_gpus_held, job.max_replicas), (name, k)
+        if getattr(policy, "type_aware", False):
+            types = {snap.nodes[i].gpu_type for i, x in enumerate(alloc) if x > 0}
+            assert len(types) == 1 and job.allows(types.pop()), (name, alloc)
         if policy.batch_mode is BatchMode.FIXED and job.requested_replicas is not None:
             assert k == job.requested_replicas, (name, k, job.requested_replicas)
     if getattr(policy, "avoid_interference", False):
@@ -69,6 +78,27 @@ def test_invariants_hold_for_every_policy(name: str, snap: ClusterSnapshot, seed
     policy = _make(name)
     allocs = policy.optimize(snap, {}, np.random.default_rng(seed)).allocations
     check_invariants(policy, snap, allocs)
+
+
+hetero_snapshots = st.builds(
+    random_hetero_snapshot,
+    seed=st.integers(0, 10_000),
+    types=st.sampled_from([("v100", "k80"), ("v100", "p100", "k80"), ("a100",)]),
+    nodes_per_type=st.integers(1, 2),
+    num_jobs=st.integers(0, 10),
+    gpus_per_node=st.sampled_from([1, 2, 4]),
+    packing=st.booleans(),
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(POLICY_NAMES), snap=hetero_snapshots, seed=st.integers(0, 2**31))
+def test_invariants_hold_on_heterogeneous_snapshots(
+    name: str, snap: ClusterSnapshot, seed: int
+) -> None:
+    policy = _make(name)
+    decision = policy.optimize(snap, {}, np.random.default_rng(seed))
+    check_invariants(policy, snap, decision.allocations, decision.packed)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -103,5 +133,5 @@ def test_unknown_policy_lists_accepted_names() -> None:
 
     from coadapt.policies import PolicyError
 
-    with pytest.raises(PolicyError, match="pollux, pollux-ga, tiresias, optimus, fifo"):
+    with pytest.raises(PolicyError, match="pollux, pollux-unaware, pollux-ga, tiresias"):
         make_policy("gandiva")

@@ -9,7 +9,7 @@ import pytest
 
 from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from coadapt.policies import ClusterSnapshot, JobInfo, NodeInfo, Policy
-from coadapt.policies.pollux import PolluxPolicy
+from coadapt.policies.pollux import PolluxUnawarePolicy
 from coadapt.policies.pollux_ga import PolluxGAPolicy
 from coadapt.policies.pollux_problem import MAX_PRIORITY_LEVEL, PolluxProblem, priority_weights
 from tests.policies.builders import random_snapshot
@@ -27,7 +27,7 @@ def _job(name: str, **kw: object) -> JobInfo:
 @pytest.mark.parametrize(("gpus", "jobs", "seed"), [(16, 6, 1), (32, 12, 2), (32, 40, 3)])
 def test_fitness_at_least_the_genetic_algorithm(gpus: int, jobs: int, seed: int) -> None:
     snap = random_snapshot(seed, gpus // 4, jobs)
-    fast = PolluxPolicy()
+    fast = PolluxUnawarePolicy()
     ga = PolluxGAPolicy(population=40, generations=40)
     fast_fit = fast.optimize(snap, {}, np.random.default_rng(0)).diagnostics["fitness"]
     ga_fit = ga.optimize(snap, {}, np.random.default_rng(0)).diagnostics["fitness"]
@@ -36,7 +36,7 @@ def test_fitness_at_least_the_genetic_algorithm(gpus: int, jobs: int, seed: int)
 
 def test_reported_fitness_is_the_problem_fitness_of_the_decision() -> None:
     snap = random_snapshot(5, 4, 8)
-    policy = PolluxPolicy()
+    policy = PolluxUnawarePolicy()
     decision = policy.optimize(snap, {}, np.random.default_rng(0))
     allocs = decision.allocations
     problem = PolluxProblem(snap)
@@ -49,21 +49,21 @@ def test_fair_p_gives_every_job_a_gpu_before_anyone_gets_two() -> None:
     nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
     jobs = {f"j{i}": _job(f"j{i}") for i in range(8)}
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
-    allocs = PolluxPolicy(p=-1).optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = PolluxUnawarePolicy(p=-1).optimize(snap, {}, np.random.default_rng(0)).allocations
     assert sorted(sum(a) for a in allocs.values()) == [1] * 8
 
 
 def test_single_job_takes_the_cluster_when_it_scales() -> None:
     nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": _job("j")})
-    allocs = PolluxPolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = PolluxUnawarePolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
     assert sum(allocs["j"]) == 8
 
 
 def test_exploration_cap_limits_a_new_job() -> None:
     nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": _job("j", max_gpus_held=2)})
-    allocs = PolluxPolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = PolluxUnawarePolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
     assert sum(allocs["j"]) == 4
 
 
@@ -76,7 +76,7 @@ def test_restart_penalty_keeps_a_young_job_in_place() -> None:
     }
     current = {"old": (4, 0), "young": (0, 3)}
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs, current=current)
-    allocs = PolluxPolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = PolluxUnawarePolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
     assert allocs["young"] == (0, 3)
 
 
@@ -84,7 +84,7 @@ def test_interference_rule_two_distributed_jobs_never_share_a_node() -> None:
     nodes = tuple(NodeInfo(f"n{i}", 4) for i in range(3))
     jobs = {f"j{i}": _job(f"j{i}", max_gpus_held=4) for i in range(2)}
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
-    allocs = PolluxPolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = PolluxUnawarePolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
     multi = [a for a in allocs.values() if sum(1 for x in a if x) > 1]
     shared = np.sum([np.asarray(a) > 0 for a in multi], axis=0) if multi else np.zeros(3)
     assert np.all(shared <= 1)
@@ -97,10 +97,14 @@ def test_las_admission_runs_least_served_jobs_when_gpus_are_scarce() -> None:
         for i in range(4)
     }
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
-    allocs = PolluxPolicy(admission="las").optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = (
+        PolluxUnawarePolicy(admission="las")
+        .optimize(snap, {}, np.random.default_rng(0))
+        .allocations
+    )
     assert sorted(allocs) == ["j2", "j3"]  # the two with the least attained service
     with pytest.raises(ValueError, match="admission"):
-        PolluxPolicy(admission="random")
+        PolluxUnawarePolicy(admission="random")
 
 
 def test_fair_reference_changes_the_speedup_normaliser() -> None:
@@ -126,7 +130,9 @@ def _scarce(priorities: dict[str, int]) -> ClusterSnapshot:
 
 
 @pytest.mark.parametrize(
-    "policy", [PolluxPolicy(), PolluxGAPolicy(population=30, generations=30)], ids=lambda p: p.name
+    "policy",
+    [PolluxUnawarePolicy(), PolluxGAPolicy(population=30, generations=30)],
+    ids=lambda p: p.name,
 )
 def test_higher_priority_jobs_are_admitted_first_when_gpus_are_scarce(policy: Policy) -> None:
     snap = _scarce({"j2": 1, "j3": 1})  # the two youngest outrank the two oldest
@@ -141,7 +147,7 @@ def test_lower_priority_jobs_share_what_higher_ones_leave() -> None:
     nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
     jobs = {f"j{i}": _job(f"j{i}", priority=1 if i < 2 else 0) for i in range(4)}
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
-    allocs = PolluxPolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
+    allocs = PolluxUnawarePolicy().optimize(snap, {}, np.random.default_rng(0)).allocations
     held = {k: sum(allocs.get(k, ())) for k in jobs}
     assert all(held[k] >= 1 for k in jobs)  # enough GPUs: nobody starves
     assert min(held["j0"], held["j1"]) >= max(held["j2"], held["j3"])  # priority sizes up
@@ -157,7 +163,7 @@ def test_equal_priorities_change_nothing() -> None:
         current=snap.current,
     )
     assert PolluxProblem(same).weights is None
-    for policy in (PolluxPolicy(), PolluxGAPolicy(population=20, generations=10)):
+    for policy in (PolluxUnawarePolicy(), PolluxGAPolicy(population=20, generations=10)):
         a = policy.optimize(snap, {}, np.random.default_rng(3))
         b = policy.optimize(same, {}, np.random.default_rng(3))
         assert a.allocations == b.allocations and a.diagnostics == b.diagnostics
