@@ -305,6 +305,11 @@ def cluster(
         ]
         header = ["ID", "STATE", "REPLICAS", "DESIRED", "SLOTS", "BATCH", "GOODPUT", "SPEEDUP"]
         table(rows, [*header, "STEP"])
+        for node in state.get("nodes") or ():  # GPU type of each node (older servers: none)
+            print(
+                f"node {node['name']}: {node.get('gpu_type', '-')}, "
+                f"{node['used']}/{node['slots']} slots used"
+            )
         return 0
 
     return run_client(Target(server, token, state_dir, retry), go)
@@ -362,8 +367,13 @@ def server(
         ),
     ] = None,
     slots: Annotated[
-        int | None,
-        typer.Option(min=1, show_default=False, help="slots (default: the GPUs, else the CPUs)"),
+        str | None,
+        typer.Option(
+            metavar="N|TYPE:N[,TYPE:N]",
+            show_default=False,
+            help="slots: a count, or per GPU type, e.g. a100:4 or a100:2,t4:2 (default: the "
+            "GPUs by detected type, else the CPUs)",
+        ),
     ] = None,
     policy: Annotated[
         str, typer.Option(help="pollux, pollux-ga, tiresias, optimus or fifo")
@@ -457,8 +467,14 @@ def server(
     ] = None,
 ) -> int:
     """Run the controller: the REST API, the dashboard and the scheduling loop."""
+    from coadapt.executors.gpu_types import parse_slots
     from coadapt.service import ServerOptions, serve
 
+    try:
+        slot_counts = parse_slots(slots) if slots is not None else None
+    except ValueError as exc:
+        print(f"coadapt server: {exc}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         return serve(
             ServerOptions(
@@ -466,7 +482,7 @@ def server(
                 host=host,
                 port=port,
                 db=db,
-                slots=slots,
+                slots=slot_counts,
                 policy=policy,
                 interval=interval,
                 tick=tick,

@@ -22,7 +22,7 @@ declares the bodies, the bearer scheme and every error status.
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -56,10 +56,11 @@ from coadapt.controller.http_input import (
 from coadapt.controller.openapi import error_responses
 from coadapt.controller.openapi import json_body as body_schema
 from coadapt.controller.prom import metrics_registry
-from coadapt.controller.snapshot import speedup
-from coadapt.controller.spec import JobSpec, parse_spec
+from coadapt.controller.snapshot import ATTEMPT_GPU_TYPE, PERF_GPU_TYPE, speedup
+from coadapt.controller.spec import JobSpec, check_cluster_types, parse_spec
 from coadapt.controller.states import ACTIVE, JobState, check_transition
 from coadapt.controller.store import Job, Store, Tenant
+from coadapt.policies import DEFAULT_GPU_TYPE
 from coadapt.protocol import (
     BatchRecord,
     CancelCause,
@@ -98,6 +99,13 @@ class ApiContext:
     # a new tenant when replicas cannot be isolated (coadapt.controller.server).
     isolation: dict[str, Any] | None = None
     admit_tenant: Callable[[], None] = lambda: None
+    # Node name -> GPU type as the loop saw it last; None (or a node missing): the default.
+    gpu_types: Callable[[], Mapping[str, str]] | None = None
+
+    def node_types(self) -> list[tuple[str, int, str]]:
+        """The current inventory as (name, slots, GPU type)."""
+        types = self.gpu_types() if self.gpu_types is not None else {}
+        return [(name, n, types.get(name, DEFAULT_GPU_TYPE)) for name, n in self.nodes()]
 
     def nodes(self) -> list[tuple[str, int]]:
         """The current inventory; never calls the executor (that is the loop's job)."""
@@ -288,7 +296,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     def submit(me: Auth, spec: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
         """Submit a job spec (JSON); 422 names every invalid field and what it accepts."""
-        job = store.create_job(me, parse_spec(spec), ctx.clock())
+        parsed = parse_spec(spec)
+        check_cluster_types(parsed, [t for _, _, t in ctx.node_types()])
+        job = store.create_job(me, parsed, ctx.clock())
         ctx.on_change()
         return job_view(job, {me.id: me.name})
 
@@ -421,7 +431,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             slots_of.setdefault(rep.job_id, []).append(rep.slot)
             used_on[rep.node] = used_on.get(rep.node, 0) + 1
         used = sum(len(v) for v in slots_of.values())
-        nodes = ctx.nodes()
+        nodes = ctx.node_types()
         tn = names()
         active = store.list_jobs(me, states=ACTIVE)
         jobs = []
@@ -432,17 +442,19 @@ def create_app(ctx: ApiContext) -> FastAPI:
             jobs.append(view)
         return {
             "policy": ctx.policy,
-            "slots": sum(n for _, n in nodes),
+            "slots": sum(n for _, n, _ in nodes),
             "used": used,
             "nodes": [
-                {"name": name, "slots": n, "used": used_on.get(name, 0)} for name, n in nodes
+                {"name": name, "slots": n, "used": used_on.get(name, 0), "gpu_type": t}
+                for name, n, t in nodes
             ],
+            "gpu_types": sorted({t for _, _, t in nodes}),
             "round": ctx.round_info(),
             "jobs": jobs,
             "isolation": ctx.isolation,
         }
 
-    registry = metrics_registry(store, ctx.total_slots)
+    registry = metrics_registry(store, ctx.total_slots, ctx.node_types)
 
     @app.get("/metrics", tags=["meta"], response_class=Response, responses=error_responses(403))
     def prometheus_metrics(me: Auth) -> Response:
@@ -502,6 +514,10 @@ def ingest_record(store: Store, job_id: str, obj: dict[str, Any], now: float) ->
         for key in ("perf", "grad", "profile"):
             if key in obj:
                 patch[key] = getattr(record, key)
+        if "perf" in obj or "profile" in obj:  # measured on the type the attempt runs on
+            measured_on = (store.get_job(job_id).report or {}).get(ATTEMPT_GPU_TYPE)
+            if isinstance(measured_on, str):
+                patch[PERF_GPU_TYPE] = measured_on
         patch["goodput"] = {
             "current": record.current,
             "current_goodput": record.current_goodput,

@@ -8,7 +8,10 @@ several API processes over one database. Each app gets its own :class:`Collector
 Cluster series: ``coadapt_slots_total``, ``coadapt_slots_allocated`` (replicas starting or
 live, as ``/api/v1/cluster`` counts them), ``coadapt_jobs{state}`` (one sample per
 :class:`JobState`, zeros included) and ``coadapt_scheduling_rounds_total`` (the policy round
-count the reconciler persists in the store's ``policy_round`` meta key).
+count the reconciler persists in the store's ``policy_round`` meta key). Per GPU type
+(``gpu_type`` label, one sample per type the cluster has): ``coadapt_slots`` (slots of the
+type) and ``coadapt_slots_used`` (slots of the type holding at least one starting or live
+replica; two packed jobs on one slot use it once).
 
 Per-job series, labelled ``job`` (id) and ``tenant`` (name), for active jobs only (PENDING,
 RUNNING, RESCALING; finished jobs would otherwise grow the series without bound):
@@ -21,13 +24,14 @@ reported (or that is not finite) is left out rather than invented.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coadapt.controller.prom_sparse import add_sparse_samples, sparse_families
 from coadapt.controller.snapshot import speedup
 from coadapt.controller.states import ACTIVE, JobState
 from coadapt.controller.store import Job, Store
@@ -50,6 +54,12 @@ def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
     fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         k: GaugeMetricFamily(f"coadapt_{k}", doc) for k, doc in gauges.items()
     }
+    fams["slots"] = GaugeMetricFamily(
+        "coadapt_slots", "Slots (GPUs) of each GPU type.", labels=["gpu_type"]
+    )
+    fams["slots_used"] = GaugeMetricFamily(
+        "coadapt_slots_used", "Slots of each GPU type held by replicas.", labels=["gpu_type"]
+    )
     fams["jobs"] = GaugeMetricFamily("coadapt_jobs", "Jobs by state.", labels=["state"])
     fams["rounds"] = CounterMetricFamily(
         "coadapt_scheduling_rounds", "Policy (scheduling) rounds run so far."
@@ -63,6 +73,7 @@ def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
     }
     for k, doc in per_job.items():
         fams[f"job_{k}"] = GaugeMetricFamily(f"coadapt_job_{k}", doc, labels=list(JOB_LABELS))
+    fams.update(sparse_families())  # throughput, rows per shard, push bytes (prom_sparse)
     return fams
 
 
@@ -81,9 +92,15 @@ def _job_values(job: Job) -> dict[str, float | None]:
 class StoreCollector(Collector):
     """Reads the controller's current state from ``store`` at scrape time."""
 
-    def __init__(self, store: Store, slots: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        slots: Callable[[], int],
+        nodes: Callable[[], Sequence[tuple[str, int, str]]] | None = None,
+    ) -> None:
         self.store = store
         self.slots = slots  # read at scrape time: nodes join and leave
+        self.nodes = nodes  # (name, slots, GPU type) of each node; None: no per-type series
 
     def describe(self) -> Iterable[Metric]:
         return list(_families().values())
@@ -97,6 +114,20 @@ class StoreCollector(Collector):
         fams["slots_total"].add_metric([], float(self.slots()))
         live = store.replicas(statuses=("starting", "live"))
         fams["slots_allocated"].add_metric([], float(len(live)))
+        if self.nodes is not None:
+            inventory = list(self.nodes())
+            type_of = {name: t for name, _, t in inventory}
+            per_type: dict[str, float] = {}
+            for _, n, t in inventory:
+                per_type[t] = per_type.get(t, 0.0) + n
+            used: dict[str, set[tuple[str, int]]] = {t: set() for t in per_type}
+            for rep in live:
+                held = type_of.get(rep.node)
+                if held is not None:
+                    used[held].add((rep.node, rep.slot))
+            for t in sorted(per_type):
+                fams["slots"].add_metric([t], per_type[t])
+                fams["slots_used"].add_metric([t], float(len(used[t])))
         jobs = store.list_jobs()
         counts = dict.fromkeys(JobState, 0)
         for job in jobs:
@@ -113,11 +144,16 @@ class StoreCollector(Collector):
             for key, value in _job_values(job).items():
                 if value is not None:
                     fams[key].add_metric(labels, value)
+            add_sparse_samples(fams, (job.report or {}).get("metrics"), labels)
         yield from fams.values()
 
 
-def metrics_registry(store: Store, slots: Callable[[], int]) -> CollectorRegistry:
+def metrics_registry(
+    store: Store,
+    slots: Callable[[], int],
+    nodes: Callable[[], Sequence[tuple[str, int, str]]] | None = None,
+) -> CollectorRegistry:
     """A fresh registry holding only this controller's :class:`StoreCollector`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, slots))
+    registry.register(StoreCollector(store, slots, nodes))
     return registry

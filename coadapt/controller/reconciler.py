@@ -21,13 +21,14 @@ Invariants the loop keeps:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,20 @@ import numpy as np
 
 from coadapt.controller.errors import ControllerError, InvalidTransitionError
 from coadapt.controller.launch_plan import AttemptPlan, replica_specs, server_spec
-from coadapt.controller.snapshot import accrued_service, allocation_dict, build_snapshot
+from coadapt.controller.snapshot import (
+    ATTEMPT_GPU_TYPE,
+    accrued_service,
+    allocation_dict,
+    build_snapshot,
+)
 from coadapt.controller.spec import JobSpec
 from coadapt.controller.states import ACTIVE, JobState
 from coadapt.controller.store import Job, Replica, Store
 from coadapt.executors import Executor, ExecutorError, ReplicaHandle, ReplicaPhase
 from coadapt.policies import (
+    Allocation,
+    ClusterSnapshot,
+    Decision,
     NodeInfo,
     Policy,
     PolicyError,
@@ -60,6 +69,7 @@ LIVE = (ReplicaStatus.STARTING, ReplicaStatus.LIVE)
 _RESIGNAL_S = 5.0  # re-send SIGTERM this often while a stop is pending (level-triggered)
 _SPARSE = "sparse"  # a sparse job's JobLayout root, under its job directory
 _STOPPED = "STOPPED"  # marker: every shard server of an ended job is gone
+PACKING_KEY = "packing"  # meta key: the last round's Decision.packed, as JSON
 
 
 @dataclass(frozen=True)
@@ -78,12 +88,41 @@ class ControllerConfig:
     # Where job directories (checkpoints, logs, run files) live; on a cluster, a path every
     # node mounts (NFS, a shared volume). None: under ``state_dir``.
     shared_dir: Path | None = None
+    # GPU sharing: measured co-location throughputs handed to the policy
+    # (ClusterSnapshot.colocation); empty (the default) means the policy never packs.
+    colocation: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 def _handle(rep: Replica) -> ReplicaHandle:
     if rep.pid is None:
         raise ValueError(f"replica {rep.id} has no pid yet")
     return ReplicaHandle(rep.pid, rep.start_ticks, rep.run_dir, rep.rank)
+
+
+def _count(place: Sequence[tuple[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for node, _ in place:
+        out[node] = out.get(node, 0) + 1
+    return out
+
+
+def type_violations(
+    snapshot: ClusterSnapshot, allocations: Mapping[str, Allocation]
+) -> dict[str, str]:
+    """Jobs whose allocation spans two GPU types or uses a type outside their spec's
+    ``gpu_types`` (a job runs on one allowed type at a time), with why."""
+    out: dict[str, str] = {}
+    for job_id, alloc in allocations.items():
+        info = snapshot.jobs.get(job_id)
+        types = sorted({n.gpu_type for n, k in zip(snapshot.nodes, alloc, strict=False) if k > 0})
+        if len(types) > 1:
+            out[job_id] = f"allocation of {job_id!r} spans GPU types {types}"
+        elif info is not None and types and not info.allows(types[0]):
+            out[job_id] = (
+                f"allocation of {job_id!r} is on {types[0]}, outside its gpu_types "
+                f"{list(info.gpu_types or ())}"
+            )
+    return out
 
 
 def fmt_alloc(alloc: dict[str, int]) -> str:
@@ -110,7 +149,7 @@ class Controller:
         self.config = config
         self.clock = clock
         self._nodes: tuple[NodeInfo, ...] = tuple(
-            NodeInfo(n.name, n.slots) for n in executor.nodes()
+            NodeInfo(n.name, n.slots, n.gpu_type) for n in executor.nodes()
         )
         self._poke = threading.Event()
         self._next_round = -np.inf
@@ -204,7 +243,7 @@ class Controller:
         """Take the executor's inventory; a change (node joined, left, resized) asks for a
         prompt round so new nodes are used and lost ones are planned around."""
         try:
-            nodes = tuple(NodeInfo(n.name, n.slots) for n in self.executor.nodes())
+            nodes = tuple(NodeInfo(n.name, n.slots, n.gpu_type) for n in self.executor.nodes())
         except ExecutorError as exc:
             log.error("cannot list the executor's nodes (keeping the last view): %s", exc)
             return
@@ -225,7 +264,12 @@ class Controller:
             EventKind.NODES,
             "; ".join(parts),
             now,
-            {"nodes": new, "joined": joined, "left": left},
+            {
+                "nodes": new,
+                "joined": joined,
+                "left": left,
+                "gpu_types": {n.name: n.gpu_type for n in nodes},
+            },
         )
         self.poke()
 
@@ -481,12 +525,20 @@ class Controller:
         jobs = [self._refresh_service(j, now) for j in jobs]
         started = time.perf_counter()
         snapshot = build_snapshot(jobs, self._nodes, now, self.config.restart_delay)
+        if self.config.colocation and self.executor.shares_slots:
+            snapshot = replace(snapshot, colocation=dict(self.config.colocation))
         rng = np.random.default_rng([self.config.seed, self._round])
         try:
             state = state_from_json(self.store.meta_get(self.policy_state_key))
             decision = self.policy.optimize(snapshot, state, rng)
             decided = decision.allocations
-            validate_allocations(snapshot, decided)
+            validate_allocations(snapshot, decided, decision.packed)
+            if decision.packed and not self.executor.shares_slots:
+                raise PolicyError(
+                    f"packed {sorted(decision.packed)}, but executor {self.executor.name} "
+                    "cannot share a slot between two jobs"
+                )
+            decided, packed = self._refuse_wrong_types(snapshot, decision, now)
             stored = state_to_json(decision.state)
         except PolicyError as exc:
             self.store.add_event(
@@ -499,7 +551,15 @@ class Controller:
         self.last_diagnostics = decision.diagnostics
         # The round counter and the policy's memory (Tiresias' queues, the GA's population)
         # are persisted together, so a restarted controller carries on where this one stopped.
-        self.store.meta_set_many({"policy_round": str(self._round), self.policy_state_key: stored})
+        # The packing (guest -> host) is kept with them: a restarted controller still starts a
+        # pending guest on its host's slots.
+        self.store.meta_set_many(
+            {
+                "policy_round": str(self._round),
+                self.policy_state_key: stored,
+                PACKING_KEY: json.dumps(dict(sorted(packed.items()))),
+            }
+        )
         desired: dict[str, int] = {}
         changes: dict[str, tuple[int, str, dict[str, Any]]] = {}
         allocations: dict[str, dict[str, int]] = {}
@@ -544,6 +604,7 @@ class Controller:
         used = {(rep.node, rep.slot) for rep in live}
         free = {n.name: [s for s in range(n.gpus) if (n.name, s) not in used] for n in self._nodes}
         jobs = {j.id: j for j in self.store.list_jobs(states=ACTIVE)}
+        packing = self.packing()
         # Replicas of finished jobs or of superseded attempts: stop, then kill.
         for job_id, reps in by_job.items():
             job = jobs.get(job_id)
@@ -558,13 +619,24 @@ class Controller:
                 want = job.wanted
                 if by_job.get(job.id) or not want or job.not_before > now:
                     continue
+                if job.id in packing:  # GPU sharing: on exactly its host's slots, or wait
+                    host = self._host_place(packing[job.id])
+                    if host and want == _count(host):
+                        self._launch(job, host, now, packed_with=packing[job.id])
+                    continue
                 # All or nothing, on exactly the nodes the policy chose (a node that left
-                # meanwhile: wait for the round its departure triggered).
-                if all(k <= len(free.get(node, ())) for node, k in want.items()):
+                # meanwhile: wait for the round its departure triggered). A host may also
+                # take the slots its running guests hold (it joins them there).
+                shared = self._guest_slots(job.id, packing, by_job, jobs)
+                if all(
+                    k <= len(free.get(node, ())) + len(shared.get(node, ()))
+                    for node, k in want.items()
+                ):
                     place: list[tuple[str, int]] = []
                     for node, k in want.items():
-                        place.extend((node, s) for s in free[node][:k])
-                        free[node] = free[node][k:]
+                        mine_first = [*shared.get(node, ()), *free.get(node, ())][:k]
+                        place.extend((node, s) for s in mine_first)
+                        free[node] = [s for s in free.get(node, ()) if s not in mine_first]
                     self._launch(job, place, now)
             elif job.state is JobState.RUNNING:
                 # A change of placement is a re-allocation too, not only a change of count.
@@ -576,9 +648,102 @@ class Controller:
                         EventKind.RESCALE,
                         f"re-allocation {fmt_alloc(job.held)} -> {fmt_alloc(job.wanted)}",
                     )
+                elif mine and (why := self._misplaced(job, mine, live, packing)):
+                    self._stop_all(job, mine, now, EventKind.RESCALE, why)
             elif job.state is JobState.RESCALING:
                 started = job.stop_requested_at if job.stop_requested_at is not None else now
                 self._signal(mine, now, force=now - started >= self.config.stop_grace)
+
+    def _refuse_wrong_types(
+        self, snapshot: ClusterSnapshot, decision: Decision, now: float
+    ) -> tuple[dict[str, Allocation], dict[str, str]]:
+        """The decision without the allocations a job may not have (on two GPU types, or
+        outside its ``gpu_types``: a type-unaware policy's choice); those jobs, and guests
+        packed on them, get nothing this round (an event says why) and the rest stands."""
+        bad = type_violations(snapshot, decision.allocations)
+        if not bad:
+            return dict(decision.allocations), dict(decision.packed)
+        width = len(snapshot.nodes)
+        decided = dict(decision.allocations)
+        packed = {g: h for g, h in decision.packed.items() if g not in bad and h not in bad}
+        for job_id in [*bad, *(g for g, h in decision.packed.items() if h in bad)]:
+            decided[job_id] = (0,) * width
+        why = "; ".join(bad[j] for j in sorted(bad))
+        self.store.add_event(
+            None, EventKind.POLICY_ERROR, f"policy {self.policy.name}: refused {why}", now
+        )
+        log.warning("policy %s: refused %s", self.policy.name, why)
+        return decided, packed
+
+    # -- GPU sharing ----------------------------------------------------------------------
+    def packing(self) -> dict[str, str]:
+        """The last round's packing, guest job -> host job (``Decision.packed``)."""
+        raw = self.store.meta_get(PACKING_KEY)
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+        return {str(g): str(h) for g, h in data.items()} if isinstance(data, dict) else {}
+
+    def _guest_slots(
+        self,
+        host_id: str,
+        packing: dict[str, str],
+        by_job: dict[str, list[Replica]],
+        jobs: dict[str, Job],
+    ) -> dict[str, list[int]]:
+        """Per node, the slots that running guests of ``host_id`` hold (their current
+        attempt), which the host may take: a guest that ran alone first is joined there."""
+        out: dict[str, list[int]] = {}
+        for guest, host in packing.items():
+            job = jobs.get(guest)
+            if host != host_id or job is None or job.state is not JobState.RUNNING:
+                continue
+            for rep in by_job.get(guest, ()):
+                if rep.attempt == job.attempt and rep.slot not in out.get(rep.node, []):
+                    out.setdefault(rep.node, []).append(rep.slot)
+        return {node: sorted(slots) for node, slots in out.items()}
+
+    def _host_place(self, host_id: str) -> list[tuple[str, int]]:
+        """The (node, slot) of each rank of the host's running attempt, by rank; empty while
+        the host is not running (its guest waits for it)."""
+        try:
+            host = self.store.get_job(host_id)
+        except ControllerError:
+            return []
+        if host.state is not JobState.RUNNING:
+            return []
+        reps = self.store.replicas(host_id, attempt=host.attempt)
+        if not reps or any(r.status not in LIVE for r in reps):
+            return []
+        return [(r.node, r.slot) for r in sorted(reps, key=lambda r: r.rank)]
+
+    def _misplaced(
+        self,
+        job: Job,
+        mine: Sequence[Replica],
+        live: Sequence[Replica],
+        packing: dict[str, str],
+    ) -> str | None:
+        """Why a running job must move although its per-node counts are right: a packed
+        guest not on its host's slots, or a job no longer packed still sharing the slots of
+        one that started before it (it restarts on slots of its own)."""
+        where = {(r.node, r.slot) for r in mine}
+        host_id = packing.get(job.id)
+        if host_id is not None:  # (a host not running now: the guest stays where it is)
+            host = set(self._host_place(host_id))
+            if host and where != host:
+                return f"packed with {host_id}: moving onto its slots"
+            return None
+        first = min(r.started_at for r in mine)
+        for other in live:
+            if other.job_id == job.id or (other.node, other.slot) not in where:
+                continue
+            if packing.get(other.job_id) == job.id:
+                continue  # its own guest
+            if (other.started_at, other.job_id) < (first, job.id):
+                return f"no longer packed with {other.job_id}: moving to slots of its own"
+        return None
 
     def _stop_all(
         self,
@@ -756,9 +921,16 @@ class Controller:
             checkpoint_interval=None if spec.sparse is None else spec.sparse.checkpoint_every_s,
         )
 
-    def _launch(self, job: Job, place: Sequence[tuple[str, int]], now: float) -> None:
+    def _launch(
+        self,
+        job: Job,
+        place: Sequence[tuple[str, int]],
+        now: float,
+        packed_with: str | None = None,
+    ) -> None:
         """Start attempt ``job.attempt + 1`` with one replica per (node, slot) of ``place``:
-        rows first, then the whole group in one executor call (a gang on a cluster)."""
+        rows first, then the whole group in one executor call (a gang on a cluster);
+        ``packed_with``: the host job whose slots these are (GPU sharing)."""
         attempt, k = job.attempt + 1, len(place)
         alloc: dict[str, int] = {}
         for node, _ in place:
@@ -772,6 +944,8 @@ class Controller:
         jdir.mkdir(mode=0o700, exist_ok=True)
         (jdir / "checkpoints").mkdir(mode=0o700, exist_ok=True)
         where = str(slots) if set(alloc) <= {"local"} else f"on {fmt_alloc(alloc)}"
+        if packed_with is not None:
+            where += f", shared with {packed_with}"
         try:
             job = self.store.update_job(
                 job.id,
@@ -792,10 +966,15 @@ class Controller:
                     "attempt": attempt,
                     "slots": slots,
                     "allocation": alloc,
+                    **({"packed_with": packed_with} if packed_with is not None else {}),
                 },
             )
         except InvalidTransitionError:
             return  # cancelled meanwhile
+        types = {n.name: n.gpu_type for n in self._nodes}
+        gpu_type = types.get(place[0][0]) if place else None
+        if gpu_type is not None:  # what its next profile reports are measured on
+            self.store.merge_report(job.id, {ATTEMPT_GPU_TYPE: gpu_type})
         plan = self._plan(job, attempt, port)
         specs = replica_specs(plan, place, os.environ)
         rows: list[Replica] = [

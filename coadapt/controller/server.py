@@ -60,7 +60,7 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     db: str | None = None
-    slots: int | None = None
+    slots: int | dict[str, int] | None = None  # a count, or slots per GPU type (a100:4)
     policy: str = "pollux"
     interval: float = 60.0
     tick: float = 0.5
@@ -108,7 +108,7 @@ def resolve_isolation(
     try:
         memory = None
         if options.memory_per_slot:
-            gpus = options.slots is None and detect_gpus() > 0
+            gpus = not isinstance(options.slots, int) and detect_gpus() > 0
             memory = memlimit.detect(memlimit.parse_size(options.memory_per_slot), gpus=gpus)
         hide = tuple(dict.fromkeys((str(state_dir), str(jobs_root))))
         return sandbox.resolve(

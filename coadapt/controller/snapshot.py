@@ -32,14 +32,21 @@ from coadapt.policies.snapshot import build_snapshot as build_from_facts
 from coadapt.policies.snapshot import job_info as policy_job_info
 
 NODE_NAME = "local"
+#: Report keys: the GPU type the job's current attempt runs on (written at launch), and the
+#: type its reported θ_sys / profile was measured on (copied from the former at ingest).
+ATTEMPT_GPU_TYPE = "gpu_type"
+PERF_GPU_TYPE = "perf_gpu_type"
 
 __all__ = [
+    "ATTEMPT_GPU_TYPE",
     "NODE_NAME",
+    "PERF_GPU_TYPE",
     "accrued_service",
     "allocation_dict",
     "allocation_tuple",
     "batch_limits",
     "build_snapshot",
+    "goodput_by_type",
     "goodput_model",
     "holds_slots",
     "job_facts",
@@ -84,6 +91,17 @@ def goodput_model(job: Job) -> GoodputModel | None:
     if perf is None:
         return None
     return GoodputModel(perf, GradParams(*g), int(job.spec.get("batch_size", 1)))
+
+
+def goodput_by_type(job: Job, model: GoodputModel | None) -> dict[str, GoodputModel] | None:
+    """Per GPU type, the job's goodput model: its fitted model belongs to the type it was
+    measured on (``report["perf_gpu_type"]``, stamped at ingest with the type the job's
+    attempt ran on); the other types fall back to the type-less model (the policy's
+    :meth:`~coadapt.policies.JobInfo.goodput_on`)."""
+    gpu_type = (job.report or {}).get(PERF_GPU_TYPE)
+    if model is None or not isinstance(gpu_type, str):
+        return None
+    return {gpu_type: model}
 
 
 def batch_limits(spec: JobSpec, learned_max_local_bsz: int | None = None) -> BatchLimits:
@@ -147,6 +165,8 @@ def job_facts(job: Job) -> JobFacts:
         remaining_iterations=None,
         priority=spec.priority,
         allocation=job.held if holds_slots(job) else {},
+        gpu_types=tuple(spec.gpu_types) if spec.gpu_types else None,
+        goodput_by_type=goodput_by_type(job, model),
     )
 
 

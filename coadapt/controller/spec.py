@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import (
@@ -30,6 +31,7 @@ from pydantic_core import ErrorDetails
 from coadapt import protocol
 from coadapt.controller.errors import SpecError
 from coadapt.controller.specfile import load_spec_file
+from coadapt.executors.gpu_types import TYPE_ACCEPTED, check_type_name
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _MAX_INT = 2**31 - 1  # stored in 32-bit columns on every backend
@@ -42,6 +44,7 @@ MAX_COMMAND_ITEMS = 256
 MAX_ARGS_ITEMS = 4096
 MAX_ENV_VARS = 256
 MAX_SPEC_BYTES = 64 << 10  # the whole spec as JSON
+MAX_GPU_TYPES = 32
 #: JSON-Schema pattern of a string a process can carry (no NUL); the validator says why.
 NO_NUL = r"^[^\x00]*$"
 #: Variables the controller sets for every replica; a spec may not override them.
@@ -72,6 +75,9 @@ ACCEPTED: dict[str, str] = {
     "pinned_batch": "integer in [1, 2^31), or null for an adaptive batch",
     "priority": "integer in (-2^31, 2^31) (higher first, where the policy honours priorities)",
     "max_restarts": "integer >= 0 (failed attempts retried with exponential backoff)",
+    "gpu_types": f"a list of 1-{MAX_GPU_TYPES} GPU type names the job may run on (e.g. "
+    f"[a100, v100]; each {TYPE_ACCEPTED}, case-insensitive) that some node of the cluster "
+    "has, or null for any",
     "sparse": "a mapping: servers (integer in 1..64, shard servers kept for the job's "
     "lifetime), model (lr, fm, deepfm or widedeep: the tables follow it), dim (integer in "
     "1..1024), checkpoint_every_s (number > 0)",
@@ -242,6 +248,25 @@ class JobSpec(BaseModel):
     pinned_batch: int | None = Field(default=None, ge=1, le=_MAX_INT)
     priority: int = Field(default=0, ge=-_MAX_INT, le=_MAX_INT)
     max_restarts: int = Field(default=3, ge=0, le=1000)
+    # The GPU types the job may run on (one at a time); None: any. Checked against the
+    # cluster's types at submit (coadapt.controller.api).
+    gpu_types: Annotated[
+        list[str] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {
+                        "type": "array",
+                        "items": {"type": "string", "pattern": r"^[A-Za-z][A-Za-z0-9_-]{0,31}$"},
+                        "minItems": 1,
+                        "maxItems": MAX_GPU_TYPES,
+                        "uniqueItems": True,
+                    },
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = None
     # Inline schema (no $ref): the tuning API embeds this model's schema in its own.
     sparse: Annotated[SparseSection | None, WithJsonSchema(_SPARSE_SCHEMA)] = None
 
@@ -299,6 +324,23 @@ class JobSpec(BaseModel):
                 exec_safe(value)
             except ValueError as exc:
                 raise ValueError(f"{key}: value {exc}") from None
+        return v
+
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _gpu_types(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise ValueError(f"gpu_types must be a list of GPU type names, got {v!r}")
+        if not 1 <= len(v) <= MAX_GPU_TYPES:
+            raise ValueError(f"gpu_types needs 1 to {MAX_GPU_TYPES} names, got {len(v)}")
+        v = [n.lower() if isinstance(n, str) else n for n in v]  # A100 is a100
+        for name in v:
+            check_type_name(name)
+        dup = sorted({n for n in v if v.count(n) > 1})
+        if dup:
+            raise ValueError(f"gpu_types names {', '.join(dup)} more than once")
         return v
 
     @field_validator("max_batch_size")
@@ -374,6 +416,27 @@ def _details(exc: ValidationError) -> list[dict[str, Any]]:
     return out
 
 
+def check_cluster_types(spec: JobSpec, cluster_types: Sequence[str]) -> None:
+    """Refuse a spec whose ``gpu_types`` names a type no node of the cluster has (it could
+    never run there), with a :class:`SpecError` listing the cluster's types."""
+    if not spec.gpu_types:
+        return
+    have = sorted(set(cluster_types))
+    missing = [t for t in spec.gpu_types if t not in have]
+    if missing:
+        raise SpecError(
+            f"invalid job spec: gpu_types: no node of the cluster has {', '.join(missing)}",
+            [
+                {
+                    "field": "gpu_types",
+                    "message": f"no node of the cluster has GPU type {', '.join(missing)}; "
+                    f"the cluster has {', '.join(have) or 'no nodes'}",
+                    "accepted": f"a list of the cluster's GPU types: {', '.join(have)}",
+                }
+            ],
+        )
+
+
 def parse_spec(data: Any) -> JobSpec:
     """Validate a spec given as a mapping; raise :class:`SpecError` naming each bad field."""
     if not isinstance(data, dict):
@@ -401,10 +464,12 @@ __all__ = [
     "MAX_ARG_CHARS",
     "MAX_COMMAND_ITEMS",
     "MAX_ENV_VARS",
+    "MAX_GPU_TYPES",
     "MAX_SPEC_BYTES",
     "RESERVED_ENV",
     "JobSpec",
     "SparseSection",
+    "check_cluster_types",
     "exec_safe",
     "load_spec_file",
     "parse_spec",

@@ -4,6 +4,8 @@ The Ray executor lives in :mod:`coadapt.executors.ray_executor` and is not impor
 the default install never needs Ray.
 """
 
+from collections.abc import Mapping
+
 from coadapt.executors.base import (
     OOM_EXIT_CODE,
     Executor,
@@ -15,7 +17,8 @@ from coadapt.executors.base import (
     ReplicaStatus,
 )
 from coadapt.executors.fake import FakeExecutor
-from coadapt.executors.local import LocalExecutor, detect_gpus
+from coadapt.executors.gpu_types import parse_slots
+from coadapt.executors.local import LocalExecutor, detect_gpu_types, detect_gpus
 from coadapt.executors.sandbox import Isolation
 
 __all__ = [
@@ -31,14 +34,16 @@ __all__ = [
     "ReplicaSpec",
     "ReplicaStatus",
     "create_executor",
+    "detect_gpu_types",
     "detect_gpus",
+    "parse_slots",
 ]
 
 
 def create_executor(
     kind: str,
     *,
-    slots: int | None = None,
+    slots: int | Mapping[str, int] | None = None,
     ray_address: str | None = None,
     ray_slot_resource: str | None = None,
     ray_namespace: str = "coadapt",

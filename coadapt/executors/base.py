@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
+from coadapt.policies.base import DEFAULT_GPU_TYPE
+
 
 class ExecutorError(RuntimeError):
     """A replica could not be started (bad command, missing working directory, no slot)."""
@@ -40,6 +42,9 @@ class NodeInventory:
 
     name: str  # stable for the node's lifetime; persisted in replica rows and allocations
     slots: int
+    # Every slot of a node has one GPU type (coadapt.executors.gpu_types); a machine or
+    # cluster that declares none is the one type DEFAULT_GPU_TYPE.
+    gpu_type: str = DEFAULT_GPU_TYPE
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,10 @@ class Executor(Protocol):
     """Starts and stops replicas; knows nothing about jobs, policies or the database."""
 
     name: str
+    # Whether two replicas (of two jobs) may share one slot: GPU sharing, the policy's
+    # ``Decision.packed``. An executor that cannot (a Ray bundle holds its GPU alone) leaves
+    # a packed guest pending until the policy gives it slots of its own.
+    shares_slots: bool
 
     def nodes(self) -> list[NodeInventory]:
         """The nodes replicas can run on now (a node that left is simply absent)."""

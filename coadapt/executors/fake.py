@@ -15,6 +15,7 @@ from coadapt.executors.base import (
     ReplicaStatus,
     launch_each,
 )
+from coadapt.executors.gpu_types import DEFAULT_GPU_TYPE
 
 
 @dataclass
@@ -32,10 +33,12 @@ class FakeExecutor:
     call :meth:`finish` to end replicas with a chosen exit code, :meth:`fail_launches`
     to make the next launches raise, and :meth:`add_node` / :meth:`remove_node` to change the
     cluster (replicas on a removed node are EVICTED, as a cluster executor reports them).
-    ``slots`` alone is one node named ``local``; ``nodes`` maps several names to slots.
+    ``slots`` alone is one node named ``local``; ``nodes`` maps several names to slots, and
+    ``gpu_types`` gives a node's GPU type (default :data:`DEFAULT_GPU_TYPE`).
     """
 
     name = "fake"
+    shares_slots = True
 
     def __init__(
         self,
@@ -43,8 +46,10 @@ class FakeExecutor:
         gpus: bool = False,
         exit_on_stop: bool = True,
         nodes: Mapping[str, int] | None = None,
+        gpu_types: Mapping[str, str] | None = None,
     ) -> None:
         self._nodes: dict[str, int] = dict(nodes) if nodes is not None else {"local": slots}
+        self.gpu_types: dict[str, str] = dict(gpu_types or {})
         self._gpus = gpus
         self.exit_on_stop = exit_on_stop
         self.replicas: dict[int, FakeReplica] = {}
@@ -54,7 +59,10 @@ class FakeExecutor:
         self._next_pid = 1000
 
     def nodes(self) -> list[NodeInventory]:
-        return [NodeInventory(n, s) for n, s in self._nodes.items()]
+        return [
+            NodeInventory(n, s, self.gpu_types.get(n, DEFAULT_GPU_TYPE))
+            for n, s in self._nodes.items()
+        ]
 
     def slots(self) -> int:
         return sum(self._nodes.values())
@@ -123,8 +131,10 @@ class FakeExecutor:
                 count += 1
         return count
 
-    def add_node(self, name: str, slots: int) -> None:
+    def add_node(self, name: str, slots: int, gpu_type: str | None = None) -> None:
         self._nodes[name] = slots
+        if gpu_type is not None:
+            self.gpu_types[name] = gpu_type
 
     def remove_node(self, name: str) -> int:
         """The node leaves: its running replicas are evicted. Returns how many."""

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from coadapt.executors._proc import proc_start_ticks, proc_state
@@ -33,6 +33,7 @@ from coadapt.executors.base import (
     ReplicaStatus,
     launch_each,
 )
+from coadapt.executors.gpu_types import DEFAULT_GPU_TYPE, check_type_name, device_type
 from coadapt.executors.sandbox import Confinement, Isolation
 from coadapt.protocol import (
     ENV_LOCAL_RANK,
@@ -79,14 +80,93 @@ def detect_gpus() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len(_smi_names())
+
+
+def _smi_names() -> list[str]:
+    """Device names by index (``nvidia-smi --query-gpu=name``); empty without the driver."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return 0
+        return []
     try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def detect_gpu_types() -> list[str]:
+    """The GPU type of each device this process may use, in CUDA's order (the position is
+    the index a replica's ``CUDA_VISIBLE_DEVICES`` names); a device whose name cannot be
+    read (a UUID in ``CUDA_VISIBLE_DEVICES``) is :data:`DEFAULT_GPU_TYPE`."""
+    count = detect_gpus()
+    names = _smi_names()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [device_type(n) for n in names[:count]]
+    out = []
+    for d in (d.strip() for d in visible.split(",")):
+        if not d or d == "-1":
+            continue
+        idx = int(d) if d.isdigit() else -1
+        out.append(device_type(names[idx]) if 0 <= idx < len(names) else DEFAULT_GPU_TYPE)
+    return out
+
+
+def plan_nodes(
+    slots: int | Mapping[str, int] | None, device_types: Sequence[str]
+) -> tuple[bool, list[tuple[str, str, list[int]]]]:
+    """This machine's nodes as (name, GPU type, device index of each slot), and whether the
+    slots are GPUs. ``slots``: a count (CPU slots, as before types), slots per declared type
+    (GPUs when the machine has them, in device order, else CPU slots so labelled), or None
+    (the GPUs by detected type, else one CPU slot per core of type ``gpu``). One type is the
+    node ``local``; several are one node ``local-TYPE`` each, so a job (on one type at a
+    time) never spans two."""
+    if isinstance(slots, int):
+        if slots < 1:
+            raise ExecutorError(f"need at least one slot, got {slots}")
+        return False, [(NODE_NAME, DEFAULT_GPU_TYPE, list(range(slots)))]
+    if slots is None:
+        if not device_types:
+            cpus = os.cpu_count() or 1
+            return False, [(NODE_NAME, DEFAULT_GPU_TYPE, list(range(cpus)))]
+        by_type: dict[str, list[int]] = {}
+        for i, t in enumerate(device_types):
+            by_type.setdefault(t, []).append(i)
+        gpus = True
+    else:
+        if not slots or any(n < 1 for n in slots.values()):
+            raise ExecutorError(f"--slots: each type needs at least one slot, got {dict(slots)}")
+        for t in slots:
+            try:
+                check_type_name(t)
+            except ValueError as exc:
+                raise ExecutorError(f"--slots: {exc}") from None
+        total = sum(slots.values())
+        gpus = bool(device_types)
+        if gpus and total > len(device_types):
+            raise ExecutorError(
+                f"--slots declares {total} GPUs ({_fmt(slots)}) but this machine has "
+                f"{len(device_types)}; declare at most that many"
+            )
+        by_type, start = {}, 0
+        for t, n in slots.items():
+            by_type[t] = list(range(start, start + n))
+            start += n
+    if len(by_type) == 1:
+        ((t, devices),) = by_type.items()
+        return gpus, [(NODE_NAME, t, devices)]
+    return gpus, [(f"{NODE_NAME}-{t}", t, devices) for t, devices in by_type.items()]
+
+
+def _fmt(slots: Mapping[str, int]) -> str:
+    return ",".join(f"{t}:{n}" for t, n in slots.items())
 
 
 def _alive(handle: ReplicaHandle) -> bool:
@@ -109,19 +189,23 @@ class LocalExecutor:
     """Runs replicas as supervised processes on this machine."""
 
     name = "local"
+    shares_slots = True  # a packed guest's replica runs on its host's devices or slot
 
     def __init__(
         self,
-        slots: int | None = None,
+        slots: int | Mapping[str, int] | None = None,
         python: str | None = None,
         isolation: Isolation | None = None,
         warm: bool = True,
+        device_types: Sequence[str] | None = None,
     ) -> None:
-        gpus = detect_gpus() if slots is None else 0
-        self._gpus = gpus > 0
-        self._slots = gpus if gpus > 0 else (slots if slots is not None else os.cpu_count() or 1)
-        if self._slots < 1:
-            raise ExecutorError(f"need at least one slot, got {self._slots}")
+        if device_types is None:
+            device_types = detect_gpu_types() if not isinstance(slots, int) else []
+        self._gpus, plan = plan_nodes(slots, device_types)
+        self._nodes = [NodeInventory(name, len(devs), t) for name, t, devs in plan]
+        # Slot index on a node -> CUDA device index (several types: one node per type).
+        self._devices = {name: devs for name, _, devs in plan}
+        self._slots = sum(n.slots for n in self._nodes)
         self.python = python or sys.executable
         # Confinement of every replica (coadapt.executors.sandbox); none by default.
         self.isolation = isolation or Isolation()
@@ -134,8 +218,8 @@ class LocalExecutor:
         self._zygotes: dict[str, float] = {}
 
     def nodes(self) -> list[NodeInventory]:
-        """This machine is the one node, named ``local``."""
-        return [NodeInventory(NODE_NAME, self._slots)]
+        """This machine: the node ``local``, or one node ``local-TYPE`` per GPU type."""
+        return list(self._nodes)
 
     def slots(self) -> int:
         return self._slots
@@ -173,6 +257,18 @@ class LocalExecutor:
             argv += ["--zygote", zygote]
         argv += ["--", *spec.argv]
         env = dict(spec.env)
+        devices = self._devices.get(spec.node)
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if self._gpus and visible and devices is not None:
+            # The node's slot indices -> this machine's device indices (one node per type).
+            try:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                    str(devices[int(s)]) for s in visible.split(",")
+                )
+            except (ValueError, IndexError):
+                raise ExecutorError(
+                    f"CUDA_VISIBLE_DEVICES={visible!r} names no slot of node {spec.node!r}"
+                ) from None
         # The shim itself must import coadapt even when the job's cwd/PYTHONPATH hides it.
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_root) if p)

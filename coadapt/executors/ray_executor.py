@@ -56,6 +56,7 @@ from coadapt.executors.base import (
     ReplicaSpec,
     ReplicaStatus,
 )
+from coadapt.executors.gpu_types import DEFAULT_GPU_TYPE, ray_accelerator_type
 from coadapt.ports import free_port
 
 log = logging.getLogger("coadapt.executors.ray")
@@ -184,10 +185,18 @@ class _Group:
     actors: dict[int, _Actor] = field(default_factory=dict)
 
 
+def node_gpu_type(resources: Mapping[str, float]) -> str:
+    """A Ray node's GPU type: its ``accelerator_type:NAME`` resource (Ray sets it on GPU
+    nodes; ``ray start --resources '{"accelerator_type:T4": 1}'`` declares one on any node),
+    else :data:`DEFAULT_GPU_TYPE`."""
+    return ray_accelerator_type(resources) or DEFAULT_GPU_TYPE
+
+
 class RayExecutor:
     """Runs each attempt as a gang of actors in one placement group on a Ray cluster."""
 
     name = "ray"
+    shares_slots = False  # a placement-group bundle holds its GPU alone
 
     def __init__(
         self,
@@ -258,7 +267,7 @@ class RayExecutor:
                 continue
             name = node_name(str(n["NodeManagerAddress"]), str(n["NodeID"]))
             self._node_ids[name] = str(n["NodeID"])
-            inventory.append(NodeInventory(name, slots))
+            inventory.append(NodeInventory(name, slots, node_gpu_type(n.get("Resources", {}))))
         self._inventory = sorted(inventory, key=lambda x: x.name)
         self._inventory_at = now
         return list(self._inventory)

@@ -108,12 +108,14 @@ def main(work: Path) -> None:
     stop = threading.Event()
     loop: threading.Thread | None = None
     try:
-        nodes = [cluster.add_node(num_cpus=1, resources={SLOT: 2}) for _ in range(2)]
+        # Each node declares its GPU type as Ray's accelerator-type resource would.
+        typed = {SLOT: 2, "accelerator_type:T4": 1}
+        nodes = [cluster.add_node(num_cpus=1, resources=typed) for _ in range(2)]
         cluster.wait_for_nodes()
         say(f"ray cluster up at {cluster.address}")
         executor = RayExecutor(address=cluster.address, slot_resource=SLOT, placement_timeout=30.0)
         inventory = executor.nodes()
-        assert [n.slots for n in inventory] == [2, 2], inventory
+        assert [(n.slots, n.gpu_type) for n in inventory] == [(2, "t4"), (2, "t4")], inventory
         store = Store.open(f"sqlite:///{work / 'coadapt.db'}")
         tenant, _ = store.create_tenant("alice", time.time())
         policy = SpreadPolicy()
