@@ -63,7 +63,8 @@ LAYOUTS = {
     "emb16_rowwise_adagrad": (16, 17),
     "emb16_adagrad": (16, 32),
 }
-BATCH = 1 << 18
+BATCH = 1 << 16
+"""Keys per insert call while growing: about one DLRM request (2048 x 26 = 53k IDs)."""
 DLRM_BATCH = 2048 * 26
 
 
@@ -111,6 +112,7 @@ def child(layout: str, rows: int, throughput: bool) -> dict[str, object]:
         "bytes_per_row_ratio": table.nbytes() / (len(table) * raw),
         "peak_nbytes_ratio": peak,
         "peak_rss_ratio": (hwm - base_rss) / (len(table) * raw),
+        "rss_ratio": (_vm("VmRSS") - base_rss) / (len(table) * raw),
         "load_factor": table.load_factor,
         "build_seconds": secs,
         "build_keys_per_s": rows / secs,

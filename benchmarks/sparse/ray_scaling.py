@@ -54,7 +54,8 @@ def worker(rank: int, world: int, port: int, steps: int, ports: str) -> dict[str
 
 
 def main(world: int, servers: int, steps: int) -> dict[str, Any]:
-    from benchmarks.sparse_bench import SPEED_BATCH, _free_port
+    from benchmarks.sparse_bench import SPEED_BATCH
+    from coadapt.ports import free_port
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
@@ -64,7 +65,7 @@ def main(world: int, servers: int, steps: int) -> dict[str, Any]:
         ray.init(address=cluster.address, log_to_driver=False)
         shards = Shards.remote(servers)  # type: ignore[attr-defined]
         ps_node, ports = ray.get(shards.where.remote())
-        port = _free_port() if world > 1 else 0
+        port = free_port() if world > 1 else 0
         arg = ",".join(str(p) for p in ports)
         outs = ray.get([worker.remote(r, world, port, steps, arg) for r in range(world)])
         ray.get(shards.stop.remote())

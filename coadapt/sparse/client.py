@@ -32,9 +32,15 @@ import numpy as np
 import numpy.typing as npt
 
 from coadapt.sparse._hashing import as_u64_keys
-from coadapt.sparse.compress import CompressionConfig, GradientCompressor, is_empty
+from coadapt.sparse.compress import (
+    CompressionConfig,
+    GradientCompressor,
+    ShardCompressor,
+    is_empty,
+)
 from coadapt.sparse.server import (
     FLAG_COMPRESSED,
+    FLAG_SHARD_PAYLOAD,
     LEN,
     OP_COUNT,
     OP_HELLO,
@@ -55,7 +61,7 @@ from coadapt.sparse.server import (
 )
 from coadapt.sparse.table import EmbeddingTable
 
-__all__ = ["LocalStore", "PSClient", "SparseStore", "dedupe"]
+__all__ = ["SPARSE_METRIC_PREFIX", "LocalStore", "PSClient", "SparseStore", "dedupe"]
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
@@ -117,6 +123,24 @@ class LocalStore:
     def counter_totals(self) -> dict[str, list[int]]:
         return self.state.counter_totals()
 
+    def progress_metrics(self) -> dict[str, float]:
+        """Same keys as :meth:`PSClient.progress_metrics` (one shard, nothing on a wire)."""
+        return _progress_metrics([sum(len(tb) for tb in self.state.tables)], 0)
+
+
+SPARSE_METRIC_PREFIX = "sparse/"
+"""Metric names a sparse job reports (``sparse/rows``, ``sparse/rows/shard<i>``,
+``sparse/pushed_bytes``); the dashboard's sparse panel and ``/metrics`` read them."""
+
+
+def _progress_metrics(rows_per_shard: list[int], pushed: int) -> dict[str, float]:
+    out = {f"{SPARSE_METRIC_PREFIX}rows": float(sum(rows_per_shard))}
+    out.update(
+        {f"{SPARSE_METRIC_PREFIX}rows/shard{i}": float(n) for i, n in enumerate(rows_per_shard)}
+    )
+    out[f"{SPARSE_METRIC_PREFIX}pushed_bytes"] = float(pushed)
+    return out
+
 
 def _take_rows(k: U64, g: F32, sel: npt.NDArray[np.int64], whole: bool) -> tuple[U64, F32]:
     """IDs and gradient rows at ``sel`` (``whole``: sel is every row in order, no copy)."""
@@ -125,6 +149,12 @@ def _take_rows(k: U64, g: F32, sel: npt.NDArray[np.int64], whole: bool) -> tuple
         return k, g
     row = np.dtype((np.void, 4 * g.shape[1]))  # whole rows: one memcpy each
     return k[sel], np.take(g.view(row).reshape(-1), sel).view(np.float32).reshape(sel.size, -1)
+
+
+def _frame_bytes(n_parts: int, payload: int) -> int:
+    """Bytes a request puts on the wire: length prefix, request header, part entries, payload
+    (what ``bytes_pushed`` counts, so compression ratios include every header)."""
+    return LEN.size + REQ.size + n_parts * PART.size + payload
 
 
 class _Conn:
@@ -202,7 +232,8 @@ class PSClient:
         self.bytes_pushed = 0
         self.bytes_pushed_raw = 0
         self.compression = compression
-        self._compressors: dict[tuple[int, int], GradientCompressor] = {}
+        self._compressors: dict[tuple[int, int], GradientCompressor] = {}  # scope "table"
+        self._shard_comp: dict[int, ShardCompressor] = {}  # scope "shard"
         self._cache: dict[int, EmbeddingTable] = {}
         self._last_expire = 0
         self._pool = ThreadPoolExecutor(self.num_shards) if self.num_shards > 1 else None
@@ -369,17 +400,22 @@ class PSClient:
     def _push_now(self, ts: dict[int, tuple[U64, F32]], step: int) -> None:
         split = {t: self._split(k) for t, (k, _) in ts.items()}
 
+        shard_scope = self.compression is not None and self.compression.scope == "shard"
+
         def one(s: int) -> int:
             parts: list[tuple[int, int]] = []
             id_bufs: list[Any] = []
             g_bufs: list[Any] = []
+            mine: dict[int, tuple[U64, F32]] = {}
             for t, (k, g) in ts.items():
                 order, b = split[t]
                 sel = order[b[s] : b[s + 1]]
                 if sel.size == 0:
                     continue
                 kk, gg = _take_rows(k, g, sel, self.num_shards == 1)
-                if self.compression is not None:
+                if shard_scope:
+                    mine[t] = (kk, gg)
+                elif self.compression is not None:
                     comp = self._compressors.get((t, s))
                     if comp is None:
                         comp = GradientCompressor(self.specs[t].dim, self.compression)
@@ -393,27 +429,48 @@ class PSClient:
                     parts.append((t, sel.size))
                     id_bufs.append(np.ascontiguousarray(kk))
                     g_bufs.append(gg)
+            if shard_scope and mine:
+                return self._send_shard_payload(s, self._shard_compressor(s).encode(mine), step)
             if not parts:
                 return 0
             flags = FLAG_COMPRESSED if self.compression is not None else 0
-            self.conns[s].call(OP_PUSH, parts, id_bufs + g_bufs, step=step, flags=flags)
-            return sum(memoryview(b).nbytes for b in id_bufs + g_bufs)
+            bufs = id_bufs + g_bufs
+            self.conns[s].call(OP_PUSH, parts, bufs, step=step, flags=flags)
+            return _frame_bytes(len(parts), sum(memoryview(b).nbytes for b in bufs))
 
         sent = sum(self._fanout(one, range(self.num_shards)))
         self.bytes_pushed += sent
         self.bytes_pushed_raw += sum(k.size * (8 + 4 * g.shape[1]) for k, g in ts.values())
+
+    def _shard_compressor(self, s: int) -> ShardCompressor:
+        comp = self._shard_comp.get(s)
+        if comp is None:
+            assert self.compression is not None
+            comp = ShardCompressor([sp.dim for sp in self.specs], self.compression)
+            self._shard_comp[s] = comp
+        return comp
+
+    def _send_shard_payload(self, s: int, payload: bytes, step: int) -> int:
+        """Send one ShardCompressor payload (nothing when empty); returns the bytes on the wire."""
+        if not payload:
+            return 0
+        flags = FLAG_COMPRESSED | FLAG_SHARD_PAYLOAD
+        self.conns[s].call(OP_PUSH, [], [payload], step=step, flags=flags)
+        return _frame_bytes(0, len(payload))
 
     # ------------------------------------------------------------------ control
     def save(self, meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Checkpoint every shard in parallel (one atomic file each); ``meta`` (e.g. a stream
         offset) is stored in every shard file. Flushes compression residuals first."""
         self.wait()
-        if self._compressors:
-            for (t, s), comp in self._compressors.items():
-                payload = comp.flush()
-                self.conns[s].call(
-                    OP_PUSH, [(t, len(payload))], [payload], step=self.step, flags=FLAG_COMPRESSED
-                )
+        for (t, s), comp in self._compressors.items():
+            payload = comp.flush()
+            self.conns[s].call(
+                OP_PUSH, [(t, len(payload))], [payload], step=self.step, flags=FLAG_COMPRESSED
+            )
+            self.bytes_pushed += _frame_bytes(1, len(payload))
+        for s, scomp in self._shard_comp.items():
+            self.bytes_pushed += self._send_shard_payload(s, scomp.flush(), self.step)
         body = [json.dumps(meta).encode()] if meta is not None else []
         return self._fanout(
             lambda s: json.loads(bytes(self.conns[s].call(OP_SAVE, [], body))),
@@ -455,6 +512,7 @@ class PSClient:
         self._fanout(lambda s: self.conns[s].call(OP_LOAD, [], body), range(self.num_shards))
         self._cache.clear()
         self._compressors.clear()
+        self._shard_comp.clear()
 
     def counter_totals(self) -> dict[str, list[int]]:
         """[exposures, clicks] per counted table, summed over all shards."""
@@ -469,6 +527,17 @@ class PSClient:
     def stats(self) -> list[dict[str, Any]]:
         self.wait()
         return [json.loads(bytes(c.call(OP_STATS, [], []))) for c in self.conns]
+
+    def progress_metrics(self) -> dict[str, float]:
+        """What a sparse job reports to the dashboard and ``/metrics``: rows per shard (a cheap
+        STATS that skips the counter scan), their total and the push bytes sent so far."""
+        self.wait()
+        body = [json.dumps({"light": True}).encode()]
+        light = self._fanout(
+            lambda s: json.loads(bytes(self.conns[s].call(OP_STATS, [], body))),
+            range(self.num_shards),
+        )
+        return _progress_metrics([sum(st["rows"].values()) for st in light], self.bytes_pushed)
 
     def shutdown_servers(self) -> None:
         self.wait()

@@ -11,9 +11,12 @@ hash of the empty string in that field), distinct from every real value's id.
 
 libsvm: ``label idx:val idx:val ...``; indices are used as feature ids as they are.
 
-Malformed lines are counted, logged with their line number (logger ``coadapt.sparse``) and
-skipped; a file whose first lines all have the wrong shape (a CSV, or libsvm passed as Criteo)
-stops with :class:`FormatError` saying what was expected and what was found.
+The first data line decides the format: if it has the wrong field count (a CSV, Criteo's
+unlabelled 39-field test file, libsvm passed as Criteo) the reader stops with
+:class:`FormatError` saying what was expected and what was found, before yielding anything. A
+malformed line anywhere after it (wrong field count, a non-integer label or dense feature, a bad
+libsvm token) is counted in :class:`ParseStats`, logged with its line number (logger
+``coadapt.sparse``) and skipped: one bad line must not stop a long job, a wrong file must.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ log = logging.getLogger("coadapt.sparse")
 CRITEO_DENSE = 13
 CRITEO_CATEGORICAL = 26
 _CRITEO_FIELDS = 1 + CRITEO_DENSE + CRITEO_CATEGORICAL
-_SNIFF_LINES = 10
 _MAX_LOGGED = 50
 _CHUNK_BYTES = 4 << 20
 
@@ -296,15 +298,15 @@ def parse_criteo(
     empty = line_end == line_start
     good = (ntabs == _CRITEO_FIELDS - 1) & ~empty
 
-    if sniff and n_lines:
-        head = np.flatnonzero(~empty)[:_SNIFF_LINES]
-        if head.size and not good[head].any():
+    if sniff and n_lines:  # the first data line decides: a wrong field count is a wrong file
+        head = np.flatnonzero(~empty)[:1]
+        if head.size and not good[head[0]]:
             i = int(head[0])
             raise FormatError(
                 f"not a Criteo TSV file: expected {_CRITEO_FIELDS} tab-separated fields per line "
                 f"(label, {CRITEO_DENSE} integer, {CRITEO_CATEGORICAL} categorical), but line "
-                f"{first_line + i} has {_describe(bytes(data[line_start[i] : line_end[i]]))} and "
-                f"none of the first {head.size} lines has {_CRITEO_FIELDS}"
+                f"{first_line + i}, the first data line, has "
+                f"{_describe(bytes(data[line_start[i] : line_end[i]]))}"
             )
 
     malformed = [
@@ -412,11 +414,13 @@ def read_criteo(
 
     def parts() -> Iterator[CriteoBatch]:
         nonlocal line
+        decided = False  # has the first data line been checked yet?
         with _open(path) as fh:
-            for i, block in enumerate(_chunks(fh, chunk_bytes)):
+            for block in _chunks(fh, chunk_bytes):
                 yield parse_criteo(
-                    block, log_dense=log_dense, first_line=line, stats=stats, sniff=i == 0
+                    block, log_dense=log_dense, first_line=line, stats=stats, sniff=not decided
                 )
+                decided = decided or bool(block.strip())
                 line += block.count(b"\n")
 
     yield from _rebatch(parts(), batch_size, _criteo_concat)
@@ -491,7 +495,7 @@ def parse_libsvm(
     line_nos: list[int] = []
     malformed: list[tuple[int, str]] = []
     feature_text: list[bytes] = []
-    checked = good_seen = 0
+    checked = False
     for i, raw in enumerate(lines):
         line = raw.split(b"#", 1)[0].strip()
         if not line:
@@ -514,13 +518,12 @@ def parse_libsvm(
                 label = float(head[0])
             except ValueError:
                 ok = False
-        if sniff and checked < _SNIFF_LINES:
-            checked += 1
-            good_seen += ok
-            if checked == min(_SNIFF_LINES, len(lines)) and not good_seen:
+        if sniff and not checked:  # the first data line decides, as for Criteo
+            checked = True
+            if not ok:
                 raise FormatError(
-                    "not a libsvm file: expected 'label idx:val idx:val ...' per line, but "
-                    f"line {first_line + i} is {raw[:60]!r}"
+                    "not a libsvm file: expected 'label idx:val idx:val ...' per line, but line "
+                    f"{first_line + i}, the first data line, is {raw[:60]!r}"
                     + (" (tab-separated: a Criteo TSV file?)" if b"\t" in raw else "")
                 )
         if not ok:
@@ -590,9 +593,12 @@ def read_libsvm(
 
     def parts() -> Iterator[LibsvmBatch]:
         nonlocal line
+        decided = False  # has the first data line been checked yet?
         with _open(path) as fh:
-            for i, block in enumerate(_chunks(fh, chunk_bytes)):
-                yield parse_libsvm(block, first_line=line, stats=stats, sniff=i == 0)
+            for block in _chunks(fh, chunk_bytes):
+                seen = stats.samples + stats.malformed
+                yield parse_libsvm(block, first_line=line, stats=stats, sniff=not decided)
+                decided = decided or stats.samples + stats.malformed > seen
                 line += block.count(b"\n")
 
     yield from _rebatch(parts(), batch_size, _libsvm_concat)

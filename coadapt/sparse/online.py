@@ -369,6 +369,7 @@ class OnlineTrainer:
         self.offset: str | None = None
         self._window: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._window_n = 0
+        self.model: nn.Module | None = None
 
     # ------------------------------------------------------------------ public
     def request_stop(self) -> None:
@@ -477,6 +478,7 @@ class OnlineTrainer:
         group = self.group
         self.store = store = self._connect()
         model, opt = self._restore()
+        self.model = model  # the live module, for on_batch hooks (e.g. publishing versions)
         lead = group is None or group.rank == 0  # reads the stream and decides for all
         src = self.make_source(self.offset) if lead else None
         world = 1 if group is None else group.world
@@ -621,6 +623,9 @@ class OnlineTrainer:
             window = self.window_auc()
             if not math.isnan(window):
                 self.emit(MetricReport(name="window_auc", value=window, step=self.batches))
+            if self.store is not None:  # rows per shard, push bytes (dashboard, /metrics)
+                for name, value in self.store.progress_metrics().items():
+                    self.emit(MetricReport(name=name, value=value, step=self.batches))
         print(
             f"[online] samples={self.samples} samples/s={rate:.0f} records={self.records} "
             f"malformed={self.stats.malformed} checkpoint={self.seq} auc@{self.cfg.auc_window}="

@@ -20,13 +20,18 @@ n_parts, step), ``n_parts`` x ``<HI`` (table index, count) and the payload:
   concatenated; an ID that is not admitted yet gets a zero row. Pull creates admitted rows.
 * ``PUSH``: the ids, then the float32 (count, dim) gradients, concatenated; ids must be unique
   per part (the client sums per ID). With flag 1 every part is a :mod:`compress` payload and
-  count is its byte length. Gradients of IDs without a row are dropped and counted in stats.
+  count is its byte length; with flags 1 | 2 there are no parts and the payload is one
+  :class:`~coadapt.sparse.compress.ShardCompressor` payload carrying every table (a few bytes
+  of framing per table instead of a part entry and a 24-byte header). Gradients of IDs without
+  a row are dropped and counted in stats.
 * ``SAVE``: optional JSON metadata (e.g. a stream offset) stored with the checkpoint; with an
   integer ``seq`` in it the file is generation ``seq``'s (:mod:`coadapt.sparse.checkpoint`).
 * ``COUNT``: uint64 ids then uint32 clicks, one per occurrence: exposure/click counters.
 * ``LOAD``: JSON ``{"seq": n}``: replace the state by generation ``n``'s file (a rollback to the
   last complete checkpoint).
-* ``STATS`` / ``HELLO`` / ``PING`` / ``SHUTDOWN``: no payload; JSON reply.
+* ``STATS``: optional JSON ``{"light": true}`` (rows per table only: no counter scan); JSON
+  reply.
+* ``HELLO`` / ``PING`` / ``SHUTDOWN``: no payload; JSON reply.
 
 Reply: ``u32 body_len``, ``u8 status`` (0 ok, 1 error with a UTF-8 message) and the body.
 
@@ -59,12 +64,15 @@ import numpy.typing as npt
 
 from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64
+from coadapt.sparse.changes import ChangeLog
 from coadapt.sparse.checkpoint import read_manifest, shard_file
-from coadapt.sparse.compress import decode
+from coadapt.sparse.compress import decode, decode_shard
 from coadapt.sparse.optim import RowOptimizer, make_row_optimizer
 from coadapt.sparse.table import EmbeddingTable
 
 __all__ = [
+    "FLAG_COMPRESSED",
+    "FLAG_SHARD_PAYLOAD",
     "OP_HELLO",
     "OP_PING",
     "OP_PULL",
@@ -90,7 +98,9 @@ __all__ = [
 SHARD_SALT = np.uint64(0x5A4D_C0DE_D15C_0B01)
 OP_PULL, OP_PUSH, OP_SAVE, OP_STATS, OP_HELLO, OP_PING, OP_SHUTDOWN = 1, 2, 3, 4, 5, 6, 7
 OP_COUNT, OP_LOAD = 8, 9
+OP_EXPORT = 10  # JSON {directory, export_id, base, expire_now}: see coadapt.sparse.export
 FLAG_COMPRESSED = 1
+FLAG_SHARD_PAYLOAD = 2  # with FLAG_COMPRESSED: no parts, the body is one ShardCompressor payload
 REQ = struct.Struct("<BBHQ")
 PART = struct.Struct("<HI")
 LEN = struct.Struct("<I")
@@ -238,6 +248,8 @@ class ShardState:
         self.pushed_rows = 0
         self.dropped_grad_rows = 0
         self.meta: dict[str, Any] = {}
+        # keys of rows changed since the last model exports (coadapt.sparse.changes)
+        self.changes = [ChangeLog() for _ in specs]
 
     def index(self, name: str) -> int:
         for i, s in enumerate(self.specs):
@@ -258,11 +270,13 @@ class ShardState:
         for the caller's next push and lends scratch space."""
         spec, table, opt, rng = self.specs[t], self.tables[t], self.opts[t], self.rngs[t]
         dim = spec.dim
-        idx, _ = table.lookup_or_insert(
+        idx, new = table.lookup_or_insert(
             ids,
             now=now if spec.ttl is not None else None,
             init=lambda r: opt.init_rows(r, dim, rng),
         )
+        if new.any():
+            self.changes[t].record(ids[new])
         self.pulled_rows += ids.size
         if out is None:
             out = np.empty((ids.size, dim), np.float32)
@@ -301,6 +315,7 @@ class ShardState:
         elif tnow is not None:
             table.touch(idx, tnow)
         ok = idx >= 0
+        self.changes[t].record(ids if ok.all() else ids[ok])
         if not ok.all():
             self.dropped_grad_rows += int(ok.size - np.count_nonzero(ok))
             idx, grads = idx[ok], grads[ok]
@@ -500,7 +515,11 @@ class _TCPServer(socketserver.ThreadingTCPServer):
             return out
         if op == OP_PUSH:
             with self.lock:
-                if flags & FLAG_COMPRESSED:
+                if flags & FLAG_COMPRESSED and flags & FLAG_SHARD_PAYLOAD:
+                    dims = [sp.dim for sp in st.specs]
+                    for t, cids, cgrads in decode_shard(bytes(body[off:]), dims):
+                        st.push(t, cids, cgrads, now=step)
+                elif flags & FLAG_COMPRESSED:
                     for t, c in parts:
                         cids, cgrads = decode(bytes(body[off : off + c]))
                         st.push(t, cids, cgrads, now=step)
@@ -549,8 +568,22 @@ class _TCPServer(socketserver.ThreadingTCPServer):
             with self.lock:
                 self.state = st = _load_generation(self.ckpt_dir, st, int(want))
             return [json.dumps({"seq": want}).encode()]
-        if op == OP_STATS:
+        if op == OP_EXPORT:
+            from coadapt.sparse.export import export_shard
+
+            req = json.loads(bytes(body[off:]))
             with self.lock:
+                res = export_shard(
+                    st.specs, st.tables, st.changes, st.shard, st.num_shards,
+                    req["directory"], req["export_id"], req.get("base"), req.get("expire_now"),
+                )  # fmt: skip
+            return [json.dumps(res).encode()]
+        if op == OP_STATS:
+            opts = json.loads(bytes(body[off:])) if len(body) > off else {}
+            with self.lock:
+                if opts.get("light"):  # no counter totals: they scan every row
+                    rows = {s.name: len(tb) for s, tb in zip(st.specs, st.tables, strict=True)}
+                    return [json.dumps({"shard": st.shard, "rows": rows}).encode()]
                 return [json.dumps(dict(st.stats(), pid=os.getpid())).encode()]
         if op == OP_HELLO:
             hello = {

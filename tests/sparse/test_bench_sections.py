@@ -32,7 +32,8 @@ def test_compression_rows_report_bytes_ratio_and_auc_loss() -> None:
     rows = compression_section(TINY, ["none", "topk1%+int8"])
     assert [r["name"] for r in rows] == ["compression/none", "compression/topk1%+int8"]
     base, comp = rows
-    assert base["pushed_bytes_ratio"] == 1.0 and base["auc_loss"] == 0.0
+    # every header on the wire is counted: uncompressed pushes cost a little more than raw
+    assert 1.0 < base["pushed_bytes_ratio"] < 1.1 and base["auc_loss"] == 0.0
     assert 0 < comp["pushed_bytes_ratio"] < 0.2  # top-1 % rows of int8: far fewer bytes
     assert comp["auc_loss"] == pytest.approx(base["auc"] - comp["auc"])
     for r in rows:

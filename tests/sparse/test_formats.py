@@ -60,7 +60,8 @@ def _sample(i: int) -> tuple[int, list[int | None], list[str | None]]:
 
 
 def test_hash64_is_stable_salted_and_matches_its_spec() -> None:
-    values = [b"", b"a", b"68fd1e64", b"exactly8", b"nine char", "ünïcode", b"x" * 40]
+    values: list[bytes | str] = [b"", b"a", b"68fd1e64", b"exactly8", b"nine char", "ünïcode"]
+    values.append(b"x" * 40)
     for field in (0, 1, 25):
         got = hash64(values, field)
         want = [_reference_hash(v.encode() if isinstance(v, str) else v, field) for v in values]
@@ -149,7 +150,9 @@ def test_malformed_lines_are_counted_logged_and_skipped(
 def test_wrong_format_stops_with_a_clear_error(tmp_path: Path) -> None:
     csv = tmp_path / "x.csv"
     csv.write_text("\n".join(",".join(["1"] * 40) for _ in range(5)) + "\n")
-    with pytest.raises(FormatError, match=r"expected 40 tab-separated.*line 1 has 1 .*CSV"):
+    with pytest.raises(
+        FormatError, match=r"expected 40 tab-separated.*line 1, the first data line, has 1 .*CSV"
+    ):
         next(read_criteo(csv))
     svm = tmp_path / "x.svm"
     svm.write_text("1 3:0.5 7:1\n0 2:1\n")
@@ -215,12 +218,52 @@ def test_a_file_with_the_wrong_field_count_stops_naming_line_and_count(tmp_path:
     no_label = [_criteo_line(*_sample(i)).split("\t", 1)[1] for i in range(12)]
     path = tmp_path / "test.txt"
     path.write_text("\n".join(no_label) + "\n")
-    with pytest.raises(FormatError, match=r"line 1 has 39 tab-separated.*no label column"):
+    with pytest.raises(
+        FormatError, match=r"line 1, the first data line, has 39 tab-separated.*no label"
+    ):
         next(read_criteo(path))
-    # One bad first line among good ones is a malformed line: counted, logged with line 1.
-    mixed = tmp_path / "mixed.tsv"
-    mixed.write_text("\n".join([no_label[0]] + [_criteo_line(*_sample(i)) for i in range(5)]))
+
+
+def test_the_first_data_line_decides(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong field count on the first data line stops the file (even if later lines are
+    fine); the same line anywhere after a good first line is counted and skipped."""
+    good = [_criteo_line(*_sample(i)) for i in range(6)]
+    short = good[0].split("\t", 1)[1]  # 39 fields
+    first_bad = tmp_path / "first_bad.tsv"
+    first_bad.write_text("\n\n" + "\n".join([short, *good]) + "\n")  # blank lines do not count
+    with pytest.raises(FormatError, match=r"line 3, the first data line, has 39"):
+        next(read_criteo(first_bad))
+    later_bad = tmp_path / "later_bad.tsv"
+    later_bad.write_text("\n".join([good[0], short, *good[1:], short]) + "\n")
     stats = ParseStats()
-    assert sum(len(b) for b in read_criteo(mixed, stats=stats)) == 5
-    assert stats.malformed == 1 and stats.first_malformed[0][0] == 1
-    assert "found 39" in stats.first_malformed[0][1]
+    with caplog.at_level(logging.WARNING, logger="coadapt.sparse"):
+        assert sum(len(b) for b in read_criteo(later_bad, stats=stats, chunk_bytes=300)) == 6
+    assert stats.malformed == 2 and [n for n, _ in stats.first_malformed] == [2, 8]
+    assert "skipping malformed line 2: expected 40 tab-separated fields, found 39" in caplog.text
+    # The decision is made once per file, not once per chunk: a later chunk that starts with
+    # a short line is a malformed line, not a wrong file (chunk_bytes=300 < one line here).
+    assert "line 8" in caplog.text
+    # The first line has the right field count but a bad label (a header row): skipped.
+    header = "\t".join(
+        ["label", *[f"I{j}" for j in range(1, 14)], *[f"C{j}" for j in range(1, 27)]]
+    )
+    with_header = tmp_path / "header.tsv"
+    with_header.write_text("\n".join([header, *good]) + "\n")
+    stats = ParseStats()
+    assert sum(len(b) for b in read_criteo(with_header, stats=stats)) == 6
+    assert (
+        stats.first_malformed[0][0] == 1
+        and "label is not an integer" in stats.first_malformed[0][1]
+    )
+
+
+def test_libsvm_first_data_line_decides(tmp_path: Path) -> None:
+    bad_first = tmp_path / "a.svm"
+    bad_first.write_text("# comment only\n\n1,3,0.5\n1 3:0.5\n")
+    with pytest.raises(FormatError, match=r"line 3, the first data line"):
+        next(read_libsvm(bad_first))
+    bad_later = tmp_path / "b.svm"
+    bad_later.write_text("1 3:0.5\n1 3:x\n0 4:1\n")
+    stats = ParseStats()
+    assert sum(len(b) for b in read_libsvm(bad_later, stats=stats)) == 2
+    assert [n for n, _ in stats.first_malformed] == [2]
