@@ -18,7 +18,11 @@ coadapt; ``ray-serve``, ``litserve``, ``torchserve``), ``rps``, ``p50_ms``, ``p9
 ``dense-mlp-json-hotswap`` is coadapt while a new version (full and incremental in turn) is
 published and activated every 0.5 s, with ``swaps`` the number activated;
 then one summary row per system (``round`` null: the median over rounds) with ``x_ray``/``x_ts``
-ratios. Peers run from a separate virtual environment (``--peers-venv``) holding the
+ratios. ``--ctr`` adds the sparse CTR rows (``ctr-...``: 200 x 500 latency and the QPS at which
+p99 <= 10 ms holds, full / 1 % incremental version publish + gate + load, p99 during a live
+delta, memory per row, train-to-serve freshness; ``benchmarks/serve/ctr.py``, sized by
+``--ctr-rows``); ``--ctr-only`` runs just those (no wrk, no peers).
+Peers run from a separate virtual environment (``--peers-venv``) holding the
 ``bench-serve`` extra (torch, ray[serve], litserve, torchserve), never in coadapt's own; each
 peer gets the same two cores' worth of workers (2 replicas / workers, 1 torch thread each),
 batching up to 32 rows with a 2 ms wait.
@@ -468,9 +472,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--no-netns", action="store_true", help="(set inside the namespace)")
+    p.add_argument("--ctr", action="store_true", help="also run the sparse CTR section")
+    p.add_argument("--ctr-only", action="store_true", help="run only the sparse CTR section")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.serve import ctr
+
+    ctr.add_arguments(p)
     args = p.parse_args(argv)
     if args.install:
         return install(args.peers_venv)
+    if args.ctr_only:
+        ctr_rows = ctr.run(args)
+        for r in ctr_rows:
+            print(json.dumps(r), flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"rows": ctr_rows}, indent=1))
+        return 0 if ctr_rows else 1
     if shutil.which("wrk") is None:
         print("error: wrk not found: run with --install (or apt-get install wrk)", file=sys.stderr)
         return 2
@@ -521,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rows)
     print()
     print(table(rows + summary))
+    if args.ctr:
+        summary += ctr.run(args)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows + summary}, indent=1))

@@ -119,6 +119,9 @@ class Manifest:
     lineage: Lineage = field(default_factory=Lineage)
     created_at: float = 0.0
     format: int = FORMAT
+    # a sparse model's tables, shard files, inputs and delta chain (coadapt.serve.sparse_artifacts);
+    # None for a dense model
+    sparse: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -151,6 +154,7 @@ class Manifest:
                 state_sha256=str(raw["state_sha256"]),
                 lineage=Lineage(**raw.get("lineage", {})),
                 created_at=float(raw.get("created_at", 0.0)),
+                sparse=dict(raw["sparse"]) if raw.get("sparse") is not None else None,
             )
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ArtifactError(f"{where}: malformed manifest ({exc!r}); republish it") from exc
@@ -513,6 +517,11 @@ def build_model(
     module's own tensors: a server keeps them as the base for the next delta at no extra
     memory)."""
     m = read_manifest(root, version)
+    if m.sparse is not None:
+        raise ArtifactError(
+            f"version {version} is a sparse model (tables + dense part): build it with "
+            "coadapt.serve.sparse_artifacts.build_sparse_model"
+        )
     state = load_state(root, version, base)
     module = _import_factory(m.factory)(**m.factory_kwargs)
     if not isinstance(module, torch.nn.Module):

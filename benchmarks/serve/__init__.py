@@ -1,0 +1,1 @@
+"""Serving benchmark sections (the CTR / sparse part of ``benchmarks/serve_bench.py``)."""

@@ -1,0 +1,760 @@
+"""CTR ranking on a sparse model: latency, version publish/gate/load, live deltas, freshness.
+
+What it does (every process bound to 127.0.0.1, every load bounded in count and time, every
+process stopped by PID):
+
+1. Starts ``--ctr-shards`` parameter-server shard processes holding one ``--ctr-dim`` table
+   (SGD rows, random init) and fills it with ``--ctr-rows`` rows through the ordinary pull path.
+2. **Full version**: publishes :class:`coadapt.serve.models.CtrRanker` (500 feature IDs per
+   item, sum-pooled in 10 groups, MLP 80-64-1) from those shards (one file each, written in
+   parallel), runs the integrity gate (:func:`verify_version`: sizes, sha256, dense part), then
+   points ``LIVE`` at it and times until every worker of a running ``coadapt serve`` serves it.
+3. **Latency**: open-loop load of 200 items x 500 features (binary body, ~800 KB; 10 % of IDs
+   unknown) at each rate of ``--ctr-rates``; server-side times come from each answer's
+   ``X-Coadapt-Server-Ms`` (body parsed to answer ready, queueing included), client-side from
+   the scheduled send time (no coordinated omission).
+4. **Incremental version**: changes 1 % of the rows on the shards (half updated by a push,
+   half new), publishes a delta, gates it and times until it is live; then the same again
+   under a steady load, comparing server-side p99 during the apply with the steady p99.
+5. **Freshness**: an online-training job (``coadapt.sparse.online``: FM, dim 8, two shard
+   servers) tails a growing Criteo file and publishes an incremental version every
+   ``--fresh-publish-s``; a server serves them. A feature value never seen before is planted
+   (lines appended at T0); a probe request carries it in one item and an unseen control value
+   in another, identical otherwise; the delay is the first time the two scores differ, minus T0.
+
+Rows (``name`` starts with ``ctr``): ``rps``, ``p50_ms``, ``p99_ms`` (server side), ``errors``,
+``peer`` (null), plus per-row details. Memory: ``ctr-memory`` has bytes held by the served
+tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
+
+    python benchmarks/serve/ctr.py --ctr-rows 2000000 --json out/ctr.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+PATH = "/v1/models/ctr:predict"
+FEATURES, GROUPS, HIDDEN = 500, 10, 64
+ITEMS = 200
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd: i -> (i + 1) * GOLDEN is a bijection on uint64
+FM_INPUTS = [("dense", "float32", (13,)), ("cats", "uint64", (26,))]
+
+
+def key_of(i: np.ndarray) -> np.ndarray:
+    """The feature ID of row ``i`` (distinct for distinct i)."""
+    with np.errstate(over="ignore"):
+        return (i.astype(np.uint64) + np.uint64(1)) * GOLDEN
+
+
+# ----------------------------------------------------------------------------- server
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    port: int
+    workers: list[int]
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def versions(self) -> list[int]:
+        _, body = self.get("/metrics")
+        found = re.findall(rb'coadapt_serve_model_version\{model="ctr",pid="\d+"\} (\S+)', body)
+        return [int(float(v)) for v in found]
+
+    def wait_version(self, version: str, timeout: float = 600.0) -> float:
+        """Seconds until every worker serves ``version``."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            vs = self.versions()
+            if len(vs) == len(self.workers) and all(v == int(version) for v in vs):
+                return time.perf_counter() - t0
+            if self.proc.poll() is not None:
+                raise RuntimeError("the server exited")
+            time.sleep(0.02)
+        raise TimeoutError(f"workers did not reach version {version}: {self.versions()}")
+
+    def rss(self) -> list[int]:
+        out = []
+        for pid in self.workers:
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+                out.append(int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) * 1024)  # type: ignore[union-attr]
+            except (OSError, AttributeError):
+                out.append(0)
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def start_server(root: Path, workers: int, log: Path, poll_s: float = 0.05) -> Served:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "coadapt.serve",
+        "--model",
+        f"ctr={root}",
+        "--port",
+        "0",
+        "--workers",
+        str(workers),
+        "--threads",
+        "1",
+        "--poll-s",
+        str(poll_s),
+        "--max-body",
+        str(8 << 20),
+        "--slo-ms",
+        "20",
+    ]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "ab"))  # noqa: SIM115
+    assert proc.stdout is not None
+    r, _, _ = select.select([proc.stdout], [], [], 600)
+    line = proc.stdout.readline() if r else b""
+    if not line:
+        os.kill(proc.pid, signal.SIGTERM)
+        raise RuntimeError(f"coadapt serve did not start; see {log}")
+    doc = json.loads(line)
+    return Served(proc, int(doc["port"]), list(doc["workers"]))
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def open_loop(
+    port: int, body: bytes, ctype: str, rate: float, duration: float, conns: int = 8
+) -> list[tuple[float, float, float, int, str]]:
+    """Send ``rate`` requests/s for ``duration`` s on ``conns`` keep-alive connections; per
+    request (scheduled time, client latency s, server ms, status, version)."""
+    n = max(1, int(rate * duration))
+    start = time.perf_counter() + 0.05
+    sched = [start + i / rate for i in range(n)]
+    lock = threading.Lock()
+    nxt = [0]
+    out: list[tuple[float, float, float, int, str]] = []
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while True:
+            with lock:
+                if nxt[0] >= n:
+                    break
+                t = sched[nxt[0]]
+                nxt[0] += 1
+            wait = t - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                conn.request("POST", PATH, body, {"Content-Type": ctype})
+                r = conn.getresponse()
+                r.read()
+                took = float(r.getheader("X-Coadapt-Server-Ms") or "nan")
+                rec = (
+                    t,
+                    time.perf_counter() - t,
+                    took,
+                    r.status,
+                    r.getheader("X-Coadapt-Version") or "",
+                )
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                rec = (t, time.perf_counter() - t, float("nan"), 0, "")
+            with lock:
+                out.append(rec)
+        conn.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(conns)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sorted(out)
+
+
+def summarize(recs: list[tuple[float, float, float, int, str]], name: str) -> dict[str, Any]:
+    ok = [r for r in recs if r[3] == 200]
+    srv = np.array([r[2] for r in ok]) if ok else np.array([np.nan])
+    cli = np.array([r[1] * 1e3 for r in ok]) if ok else np.array([np.nan])
+    span = (max(r[0] + r[1] for r in recs) - recs[0][0]) if recs else 1.0
+    return {
+        "name": name,
+        "peer": None,
+        "rps": round(len(ok) / max(span, 1e-9), 1),
+        "p50_ms": round(float(np.percentile(srv, 50)), 3),
+        "p99_ms": round(float(np.percentile(srv, 99)), 3),
+        "client_p50_ms": round(float(np.percentile(cli, 50)), 3),
+        "client_p99_ms": round(float(np.percentile(cli, 99)), 3),
+        "errors": len(recs) - len(ok),
+        "requests": len(recs),
+    }
+
+
+def ctr_body(rows: int, rng: np.random.Generator, unknown: float = 0.1) -> bytes:
+    from coadapt.serve import codec
+
+    idx = rng.integers(0, rows, (ITEMS, FEATURES))
+    ids = key_of(idx)
+    miss = rng.random((ITEMS, FEATURES)) < unknown
+    ids[miss] = key_of(idx[miss] + rows + 10**9)  # never rows
+    return codec.encode_arrays([ids])
+
+
+# ----------------------------------------------------------------------------- the big model
+
+
+def fill(client: Any, rows: int, log: Callable[[str], None]) -> float:
+    """Create ``rows`` rows on the shards through pulls (rows are created and initialised by the
+    shards' optimizer, as in training); the rate in rows/s."""
+    t0 = time.perf_counter()
+    step = 1 << 20
+    for i in range(0, rows, step):
+        client.pull({"ctr": key_of(np.arange(i, min(rows, i + step)))})
+        if (i // step) % 8 == 0:
+            log(f"fill {i + step}/{rows} rows, {(i + step) / (time.perf_counter() - t0):.0f}/s")
+    return rows / (time.perf_counter() - t0)
+
+
+def mutate(client: Any, rows: int, frac: float, rng: np.random.Generator, new_from: int) -> int:
+    """Change ``frac`` of the rows: half updated by a push, half created; the next new index."""
+    n = int(rows * frac)
+    upd = np.unique(key_of(rng.integers(0, rows, n // 2)))
+    dim = client.dim("ctr")
+    for i in range(0, upd.size, 1 << 18):
+        k = upd[i : i + (1 << 18)]
+        client.push({"ctr": (k, rng.standard_normal((k.size, dim)).astype(np.float32) * 0.01)})
+    client.pull({"ctr": key_of(np.arange(new_from, new_from + n - n // 2))})
+    client.wait()
+    return new_from + n - n // 2
+
+
+def run_big(
+    args: argparse.Namespace, work: Path, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    import torch
+
+    from coadapt.serve.artifacts import Lineage, set_live
+    from coadapt.serve.models import CtrRanker
+    from coadapt.serve.sparse_artifacts import publish_sparse, verify_version
+    from coadapt.sparse.client import PSClient
+    from coadapt.sparse.server import TableSpec, running_servers
+
+    rows_total, dim = args.ctr_rows, args.ctr_dim
+    spec = TableSpec(
+        "ctr",
+        dim,
+        "sgd",
+        {"lr": 0.05, "init_scale": 0.05},
+        max_rows=int(rows_total / args.ctr_shards * 1.1) + (1 << 16),
+    )
+    root = work / "ctr-model"
+    root.mkdir()
+    (root / "LIVE").write_text("\n")  # nothing live until the gate passed
+    kw = {"features": FEATURES, "groups": GROUPS, "dim": dim, "hidden": HIDDEN}
+    ins = [("ids", "uint64", (FEATURES,))]
+    out: list[dict[str, Any]] = []
+    rng = np.random.default_rng(0)
+    with running_servers([spec], args.ctr_shards, work / "ps") as procs:
+        client = PSClient([p.address for p in procs], timeout=600)
+        try:
+            rate = fill(client, rows_total, log)
+            log(f"filled {rows_total} rows at {rate:.0f} rows/s")
+            torch.manual_seed(0)
+            model = CtrRanker(**kw, store=client)
+
+            def publish(incremental: bool, step: int) -> tuple[Any, float, float]:
+                t0 = time.perf_counter()
+                m = publish_sparse(
+                    model,
+                    client,
+                    root,
+                    factory="coadapt.serve.models:CtrRanker",
+                    factory_kwargs=kw,
+                    inputs=ins,
+                    incremental=incremental,
+                    lineage=Lineage("ctr-bench", step, step),
+                )
+                t1 = time.perf_counter()
+                verify_version(root, m.version)
+                return m, t1 - t0, time.perf_counter() - t1
+
+            srv = start_server(root, args.ctr_workers, work / "serve.log")
+            try:
+                m, pub_s, gate_s = publish(False, 0)
+                t0 = time.perf_counter()
+                set_live(root, m.version)
+                load_s = srv.wait_version(m.version)
+                size = sum(f.size for f in m.files)
+                out.append(
+                    {
+                        "name": "ctr-version-full",
+                        "peer": None,
+                        "rps": None,
+                        "p50_ms": None,
+                        "p99_ms": None,
+                        "errors": 0,
+                        "rows": rows_total,
+                        "dim": dim,
+                        "shards": args.ctr_shards,
+                        "bytes": size,
+                        "publish_s": round(pub_s, 2),
+                        "gate_s": round(gate_s, 2),
+                        "load_s": round(load_s, 2),
+                        "total_s": round(pub_s + gate_s + load_s, 2),
+                        "workers": args.ctr_workers,
+                    }
+                )
+                log(json.dumps(out[-1]))
+                info = json.loads(srv.get("/v1/models/ctr")[1])["sparse"]
+                rss = srv.rss()
+                out.append(
+                    {
+                        "name": "ctr-memory",
+                        "peer": None,
+                        "rps": None,
+                        "p50_ms": None,
+                        "p99_ms": None,
+                        "errors": 0,
+                        "rows": rows_total,
+                        "dim": dim,
+                        "table_bytes": info["nbytes"],
+                        "raw_bytes": info["raw_bytes"],
+                        "table_ratio": round(info["ratio"], 4),
+                        "worker_rss": rss,
+                        "rss_ratio": round(max(rss) / info["raw_bytes"], 4),
+                    }
+                )
+                log(json.dumps(out[-1]))
+                from coadapt.serve import codec
+
+                body = ctr_body(rows_total, rng)
+                open_loop(srv.port, body, codec.BINARY, 20, 2.0)  # warm up
+                best = None
+                for r in args.ctr_rates:
+                    row = summarize(
+                        open_loop(srv.port, body, codec.BINARY, r, args.ctr_duration),
+                        f"ctr-200x500-r{r:g}",
+                    )
+                    row.update(
+                        rate=r,
+                        rows=rows_total,
+                        dim=dim,
+                        workers=args.ctr_workers,
+                        load_avg=round(os.getloadavg()[0], 2),
+                    )
+                    row["slo_met"] = row["p99_ms"] <= 10.0 and row["errors"] == 0
+                    out.append(row)
+                    log(json.dumps(row))
+                    if row["slo_met"]:
+                        best = row
+                out.append(
+                    {
+                        **(best or out[-1]),
+                        "name": "ctr-200x500",
+                        "qps_at_p99_10ms": best["rate"] if best else None,
+                    }
+                )
+                # an incremental version: 1 % of the rows, then live
+                nxt = rows_total + 1
+                t0 = time.perf_counter()
+                nxt = mutate(client, rows_total, args.ctr_delta_frac, rng, nxt)
+                change_s = time.perf_counter() - t0
+                md, pub_s, gate_s = publish(True, 1)
+                assert md.kind == "delta", md.kind
+                set_live(root, md.version)
+                live_s = srv.wait_version(md.version)
+                out.append(
+                    {
+                        "name": "ctr-version-delta",
+                        "peer": None,
+                        "rps": None,
+                        "p50_ms": None,
+                        "p99_ms": None,
+                        "errors": 0,
+                        "changed_rows": int(rows_total * args.ctr_delta_frac),
+                        "bytes": sum(f.size for f in md.files),
+                        "train_change_s": round(change_s, 2),
+                        "publish_s": round(pub_s, 2),
+                        "gate_s": round(gate_s, 2),
+                        "load_s": round(live_s, 2),
+                        "total_s": round(pub_s + gate_s + live_s, 2),
+                        "change_log_bytes": md.sparse["change_log_bytes"],
+                    }
+                )
+                log(json.dumps(out[-1]))
+                # p99 during an incremental apply vs steady, same rate, one run
+                # half the highest rate that held the SLO, else half the throughput reached
+                served = max(
+                    float(r["rps"]) for r in out if str(r["name"]).startswith("ctr-200x500-r")
+                )
+                rate = args.ctr_swap_rate or max(2.0, (best["rate"] if best else served) / 2)
+                nxt = mutate(client, rows_total, args.ctr_delta_frac, rng, nxt)
+                md2, _, _ = publish(True, 2)
+                marks: dict[str, float] = {}
+
+                def swap() -> None:
+                    time.sleep(args.ctr_duration)
+                    marks["t0"] = time.perf_counter()
+                    set_live(root, md2.version)
+                    srv.wait_version(md2.version)
+                    marks["t1"] = time.perf_counter()
+
+                th = threading.Thread(target=swap)
+                th.start()
+                recs = open_loop(srv.port, body, codec.BINARY, rate, 3 * args.ctr_duration)
+                th.join()
+                # the apply window: LIVE moved until every worker serves it + 1 s of merging
+                lo, hi = marks["t0"], marks["t1"] + 1.0
+                during = [r for r in recs if lo <= r[0] + r[1] and r[0] <= hi]
+                steady = [r for r in recs if r[0] + r[1] < lo]
+                d, s = summarize(during, "ctr-200x500-during-delta"), summarize(steady, "steady")
+                d.update(
+                    rate=rate,
+                    steady_p99_ms=s["p99_ms"],
+                    steady_p50_ms=s["p50_ms"],
+                    p99_ratio=round(d["p99_ms"] / s["p99_ms"], 2) if s["p99_ms"] else None,
+                    errors_total=summarize(recs, "all")["errors"],
+                    apply_s=round(marks["t1"] - marks["t0"], 2),
+                    versions=sorted({r[4] for r in recs}),
+                )
+                out.append(d)
+                log(json.dumps(d))
+            finally:
+                srv.stop()
+        finally:
+            client.close()
+    return out
+
+
+# ----------------------------------------------------------------------------- freshness
+
+
+def _criteo_line(label: int, c1: str, rest: list[str]) -> bytes:
+    return ("\t".join([str(label), *[""] * 13, c1, *rest]) + "\n").encode()
+
+
+def trainer_main(argv: list[str]) -> int:
+    """The online-training job of the freshness test (its own process)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--stream", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--publish-every-s", type=float, default=2.0)
+    p.add_argument("--log", required=True)
+    a = p.parse_args(argv)
+    from coadapt.serve.artifacts import Lineage
+    from coadapt.serve.sparse_artifacts import publish_sparse
+    from coadapt.sparse.jobs import model_tables
+    from coadapt.sparse.online import ManagedServers, OnlineConfig, OnlineTrainer, source_factory
+
+    cfg = OnlineConfig(
+        ckpt_dir=a.ckpt,
+        model="fm",
+        dim=8,
+        batch_size=256,
+        checkpoint_every=10**9,
+        checkpoint_every_s=10**6,
+        read_timeout_s=0.05,
+        progress_every_s=10**6,
+    )
+    servers = None
+    if a.servers:
+        specs, _ = model_tables("fm", 8)
+        servers = ManagedServers(specs, a.servers, str(Path(a.ckpt) / "servers"), a.ckpt)
+    last = [0.0]
+    logf = open(a.log, "a")  # noqa: SIM115
+
+    def on_batch(tr: Any) -> None:
+        now = time.time()
+        if now - last[0] < a.publish_every_s or tr.model is None:
+            return
+        last[0] = now
+        t0 = time.perf_counter()
+        m = publish_sparse(
+            tr.model,
+            tr.store,
+            a.root,
+            factory="coadapt.sparse.online:build_model",
+            factory_kwargs={"model": "fm", "dim": 8},
+            inputs=FM_INPUTS,
+            incremental=True,
+            lineage=Lineage("ctr-fresh", tr.batches, tr.samples),
+        )
+        logf.write(
+            json.dumps(
+                {
+                    "version": m.version,
+                    "kind": m.kind,
+                    "at": time.time(),
+                    "publish_s": time.perf_counter() - t0,
+                    "offset": tr.offset,
+                    "samples": tr.samples,
+                }
+            )
+            + "\n"
+        )
+        logf.flush()
+
+    trainer = OnlineTrainer(
+        cfg, source_factory("file:" + a.stream), servers, on_batch=on_batch, stderr=logf
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: trainer.request_stop())
+    try:
+        trainer.run()
+    finally:
+        if servers is not None:
+            servers.stop()
+    return 0
+
+
+def run_freshness(
+    args: argparse.Namespace, work: Path, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    from coadapt.serve import codec
+    from coadapt.sparse.datasets import PlantedConfig, format_criteo, iter_planted
+    from coadapt.sparse.formats import parse_criteo
+
+    fw = work / "fresh"
+    fw.mkdir()
+    stream, root = fw / "stream.tsv", fw / "model"
+    pool = b"".join(
+        format_criteo(c.labels, c.dense, c.cats, c.cat_missing)
+        for c in iter_planted(PlantedConfig(rows=60_000, seed=1))
+    )
+    lines = pool.splitlines(keepends=True)
+    stream.write_bytes(b"".join(lines[:5000]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "_trainer",
+            "--stream",
+            str(stream),
+            "--root",
+            str(root),
+            "--ckpt",
+            str(fw / "ckpt"),
+            "--servers",
+            str(args.fresh_servers),
+            "--publish-every-s",
+            str(args.fresh_publish_s),
+            "--log",
+            str(fw / "trainer.log"),
+        ],
+        env=env,
+        cwd=ROOT,
+        stderr=open(fw / "trainer.err", "ab"),  # noqa: SIM115
+    )
+    stop = threading.Event()
+    pos = [5000]
+
+    def writer() -> None:  # the stream keeps flowing: args.fresh_rate lines/s
+        with open(stream, "ab") as f:
+            while not stop.wait(0.05):
+                n = int(args.fresh_rate * 0.05)
+                i = pos[0] % (len(lines) - n)
+                f.write(b"".join(lines[i : i + n]))
+                f.flush()
+                pos[0] += n
+
+    bg = threading.Thread(target=writer)
+    bg.start()
+    srv: Served | None = None
+    out: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not (root / "00000001" / "manifest.json").exists():
+            if trainer.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the trainer published nothing; see {fw}/trainer.err")
+            time.sleep(0.1)
+        srv = start_server(root, 1, fw / "serve.log", poll_s=0.05)
+        rng = np.random.default_rng(7)
+        delays = []
+        for k in range(args.fresh_plants):
+            planted = f"{0xF0000000 + 1000 * k + int(rng.integers(0, 999)):08x}"
+            control = f"{0xE0000000 + 1000 * k:08x}"
+            rest = [f"{0xD0000000 + j:08x}" for j in range(25)]  # never in the stream either
+            probe = parse_criteo(_criteo_line(0, planted, rest) + _criteo_line(0, control, rest))
+            body = codec.encode_arrays([probe.dense, probe.cats])
+
+            def scores(body: bytes = body, port: int = srv.port) -> tuple[np.ndarray, str]:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                c.request("POST", PATH, body, {"Content-Type": codec.BINARY})
+                r = c.getresponse()
+                data = r.read()
+                c.close()
+                if r.status != 200:
+                    raise RuntimeError(f"probe got {r.status}: {data[:200]!r}")
+                return codec.decode_arrays(data)[0], r.getheader("X-Coadapt-Version") or ""
+
+            s, v0 = scores()
+            if s[0] != s[1]:
+                raise RuntimeError("planted and control items differ before the plant")
+            plant = b"".join(
+                _criteo_line(1, planted, [f"{int(x):08x}" for x in rng.integers(0, 2**32, 25)])
+                for _ in range(64)
+            )
+            t0 = time.time()
+            with open(stream, "ab") as f:
+                f.write(plant)
+                f.flush()
+            while time.time() - t0 < 60:
+                s, v = scores()
+                if s[0] != s[1]:
+                    delays.append(time.time() - t0)
+                    log(f"plant {k}: seen after {delays[-1]:.2f} s (version {v}, was {v0})")
+                    break
+                time.sleep(0.02)
+            else:
+                log(f"plant {k}: not reflected within 60 s")
+                delays.append(float("nan"))
+            time.sleep(0.5)
+        pubs = [
+            json.loads(x)
+            for x in (fw / "trainer.log").read_text().splitlines()
+            if x.startswith("{")
+        ]
+        gaps = np.diff([p["at"] for p in pubs]) if len(pubs) > 1 else np.array([np.nan])
+        d = np.array(delays)
+        seen = d[~np.isnan(d)]
+        pub_s = [p["publish_s"] for p in pubs]
+        out.append(
+            {
+                "name": "ctr-freshness",
+                "peer": None,
+                "rps": None,
+                "p50_ms": None,
+                "p99_ms": None,
+                "errors": int(np.isnan(d).sum()),
+                "delay_s": [round(float(x), 2) for x in d],
+                "delay_median_s": round(float(np.median(seen)), 2) if seen.size else None,
+                "delay_max_s": round(float(seen.max()), 2) if seen.size else None,
+                "publish_every_s": args.fresh_publish_s,
+                "versions": len(pubs),
+                "publish_gap_s_median": round(float(np.nanmedian(gaps)), 2),
+                "publish_s_median": round(float(np.median(pub_s)), 3) if pub_s else None,
+                "stream_lines_per_s": args.fresh_rate,
+                "model": "fm dim 8",
+                "servers": args.fresh_servers,
+            }
+        )
+        log(json.dumps(out[-1]))
+    finally:
+        stop.set()
+        bg.join()
+        if srv is not None:
+            srv.stop()
+        if trainer.poll() is None:
+            os.kill(trainer.pid, signal.SIGTERM)
+            try:
+                trainer.wait(60)
+            except subprocess.TimeoutExpired:
+                os.kill(trainer.pid, signal.SIGKILL)
+                trainer.wait()
+    return out
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The CTR options (also on ``benchmarks/serve_bench.py``)."""
+    p.add_argument("--ctr-rows", type=int, default=50_000_000, help="rows of the big table")
+    p.add_argument("--ctr-dim", type=int, default=8)
+    p.add_argument("--ctr-shards", type=int, default=2, help="parameter-server shards")
+    p.add_argument("--ctr-workers", type=int, default=1, help="serving worker processes")
+    p.add_argument(
+        "--ctr-rates",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[10.0, 25.0, 50.0, 100.0],
+        help="requests/s of the latency runs",
+    )
+    p.add_argument("--ctr-duration", type=float, default=5.0, help="seconds per rate")
+    p.add_argument("--ctr-delta-frac", type=float, default=0.01, help="rows changed per delta")
+    p.add_argument("--ctr-swap-rate", type=float, default=0.0, help="rate while applying (0: auto)")
+    p.add_argument("--fresh-plants", type=int, default=3)
+    p.add_argument("--fresh-publish-s", type=float, default=2.0)
+    p.add_argument(
+        "--fresh-rate", type=float, default=100.0, help="stream lines/s (below the trainer's rate)"
+    )
+    p.add_argument("--fresh-servers", type=int, default=2)
+    p.add_argument("--ctr-skip", default="", help="comma-separated: big, freshness")
+    p.add_argument("--ctr-keep", action="store_true", help="keep the work directory (logs)")
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    work = Path(tempfile.mkdtemp(prefix="coadapt-ctr-bench-"))
+    skip = set(filter(None, args.ctr_skip.split(",")))
+
+    def log(msg: str) -> None:
+        print(f"[ctr {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    log(f"work dir {work}, load {os.getloadavg()}")
+    rows: list[dict[str, Any]] = []
+    try:
+        if "big" not in skip:
+            rows += run_big(args, work, log)
+        if "freshness" not in skip:
+            rows += run_freshness(args, work, log)
+    finally:
+        if not args.ctr_keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_trainer"]:
+        return trainer_main(argv[1:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(p)
+    p.add_argument("--json", type=Path, help="write the rows here")
+    args = p.parse_args(argv)
+    rows = run(args)
+    for r in rows:
+        print(json.dumps(r))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

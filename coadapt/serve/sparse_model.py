@@ -1,0 +1,417 @@
+"""A sparse model as a server runs it: read-only sharded tables behind the trainer's own module.
+
+The module is the trainer's (its factory, its dense weights); its
+:class:`~coadapt.sparse.embedding.SparseEmbedding` / ``SparseEmbeddingCollection`` children are
+swapped for :class:`ServingEmbedding` / :class:`ServingEmbeddingCollection`, which gather rows
+from the loaded tables directly: no deduplication (a 200 x 500 request has 100k IDs; sorting them
+costs more than looking each one up), no autograd, and the same torch ops on the same values as
+training, so predictions are bit-for-bit the trainer's. An ID without a row gets the zero
+embedding, as an ID that is not admitted yet does in training.
+
+**Live deltas.** A :class:`SparseView` is what one served version sees: per table, the shards'
+base tables and, while a delta is being merged, an *overlay* per shard holding the delta's rows
+(and its deletions as flagged rows). A delta goes live in three steps: (1) off the serving path,
+read it, build the overlays and check it fits the live state (chain digest, row counts); (2)
+one pointer assignment makes the new version (new view: base + overlays, new dense module)
+the one the next batch runs on; (3) the overlays are merged into the shared base tables in
+small chunks *between* batches, never beside one, and finally dropped. Every lookup under the
+new view consults the overlay first, so the merge changes no answer: each batch sees exactly
+one version, old or new, never a mix (the consistency the server gives).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coadapt.serve.artifacts import ArtifactError, IntegrityError, Manifest, _import_factory
+from coadapt.sparse.embedding import SparseEmbedding, SparseEmbeddingCollection, ids_to_numpy
+from coadapt.sparse.export import DeltaTable
+from coadapt.sparse.server import shard_of
+from coadapt.sparse.table import EmbeddingTable
+
+__all__ = [
+    "MERGE_CHUNK",
+    "Overlay",
+    "PendingMerge",
+    "ServingEmbedding",
+    "ServingEmbeddingCollection",
+    "ShardedTable",
+    "SparseView",
+    "TableStore",
+    "merge_now",
+    "prepare_delta",
+    "serving_module",
+]
+
+U64 = npt.NDArray[np.uint64]
+F32 = npt.NDArray[np.float32]
+MERGE_CHUNK = 8192
+"""Rows merged into a base table per step between batches (bounds the pause a batch sees)."""
+
+
+EXTRA_SEGMENTS = 1024
+"""Segments of a shard's table of added rows: a growth step re-places 1/1024 of it."""
+
+
+def _extras(base: EmbeddingTable, rows: int = 0) -> EmbeddingTable:
+    """An extras table pre-sized for ``rows`` rows (no growth step until it holds them)."""
+    return EmbeddingTable(
+        base.dim, base.dim, max_rows=max(base.max_rows, 2 * rows), segments=EXTRA_SEGMENTS,
+        initial_rows=rows,
+    )  # fmt: skip
+
+
+def _resized_extras(
+    base: EmbeddingTable, old: EmbeddingTable | None, need: int
+) -> tuple[EmbeddingTable, int]:
+    """A copy of ``old`` with room for ``need`` rows and as many again (built off the serving
+    path: a live table is never grown between batches); the table and the rows it has room for."""
+    room = max(1 << 12, 2 * need)
+    new = _extras(base, room)
+    if old is not None:
+        for keys, rows in old.iter_chunks():
+            new.assign(keys, rows)
+    return new, room
+
+
+class Overlay:
+    """A delta's rows while it is merged: keys sorted once (one argsort, ~50 ms for 500k keys,
+    where inserting them into a hash table costs seconds of the worker's CPU beside the batches)
+    and looked up with a binary search; ``dim`` columns + a deleted flag, as one row array."""
+
+    def __init__(self, keys: U64, rows: F32) -> None:
+        order = np.argsort(keys, kind="stable")
+        self.keys = np.ascontiguousarray(keys[order])
+        self._rows = np.ascontiguousarray(rows[order])
+
+    def lookup(self, keys: U64) -> npt.NDArray[np.int64]:
+        """Row index per key, -1 where absent."""
+        pos = np.searchsorted(self.keys, keys)
+        pos[pos >= self.keys.size] = 0
+        return np.where(self.keys[pos] == keys, pos, -1).astype(np.int64)
+
+    def rows(self, idx: npt.NDArray[np.int64]) -> F32:
+        return self._rows[idx]
+
+
+class ShardedTable:
+    """One table as served. Per shard: the *base* (a full version's table, loaded as its slot
+    image), the *extras* (rows added by later deltas) and, while a delta is being merged, an
+    *overlay* (the delta's rows, ``dim`` columns + a deleted flag).
+
+    Why rows added by a delta go to a separate table: inserting into the big base table would
+    now and then grow one of its segments, which re-places 1/64 of the shard's rows (hundreds
+    of milliseconds at 25M rows) between two batches. Updates of existing rows are written in
+    place and deletions clear a slot; neither moves any row. The extras table is sized *before*
+    a delta goes live (off the serving path: when the delta's new rows would not fit, a copy
+    with twice the room is built beside the live one), so the merge never grows a table."""
+
+    def __init__(
+        self, name: str, dim: int, bases: list[EmbeddingTable],
+        extras: list[EmbeddingTable | None] | None = None,
+        overlays: list[Overlay | None] | None = None,
+        room: list[int] | None = None,
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.dim = dim
+        self.bases = bases
+        # created at the first added row; shared (the same list) by every view of these tables
+        self.extras: list[EmbeddingTable | None] = (
+            extras if extras is not None else [None] * len(bases)
+        )
+        self.overlays: list[Overlay | None] = overlays or [None] * len(bases)
+        self.room = room if room is not None else [0] * len(bases)  # rows each extras fits
+
+    def rows(self, s: int) -> int:
+        """Rows held for shard ``s`` (base + extras)."""
+        extra = self.extras[s]
+        return len(self.bases[s]) + (0 if extra is None else len(extra))
+
+    def _one(self, s: int, keys: U64) -> F32:
+        base = self.bases[s]
+        out = np.zeros((keys.size, self.dim), np.float32)
+        pos = np.arange(keys.size)
+        ov = self.overlays[s]
+        if ov is not None:
+            oi = ov.lookup(keys)
+            hit = oi >= 0
+            if hit.any():
+                r = ov.rows(oi[hit])
+                keep = r[:, self.dim] == 0.0  # flagged rows are deletions: zero embedding
+                out[np.flatnonzero(hit)[keep]] = r[keep, : self.dim]
+                keys, pos = keys[~hit], pos[~hit]
+        if keys.size == 0:
+            return out
+        idx = base.lookup(keys)
+        ok = idx >= 0
+        if ok.all() and pos.size == out.shape[0]:
+            return base.weights(idx, out)
+        out[pos[ok]] = base.weights(idx[ok])
+        extra = self.extras[s]
+        if extra is not None and len(extra):
+            miss = ~ok
+            ei = extra.lookup(keys[miss])
+            eok = ei >= 0
+            out[pos[miss][eok]] = extra.weights(ei[eok])
+        return out
+
+    def gather(self, keys: U64) -> F32:
+        """Rows of ``keys`` (any order, duplicates fine); zero rows for keys without one."""
+        n = len(self.bases)
+        if n == 1:
+            return self._one(0, keys)
+        out = np.empty((keys.size, self.dim), np.float32)
+        row = np.dtype((np.void, 4 * self.dim))  # whole rows: one memcpy each, not per element
+        flat = out.view(row).reshape(-1)
+        sh = shard_of(keys, n)
+        for s in range(n):
+            sel = np.flatnonzero(sh == s)
+            if sel.size:
+                flat[sel] = self._one(s, keys[sel]).view(row).reshape(-1)
+        return out
+
+    def present(self, s: int, keys: U64) -> int:
+        """How many of ``keys`` (distinct) have a row in shard ``s``."""
+        if keys.size == 0:
+            return 0
+        hit = self.bases[s].lookup(keys) >= 0
+        extra = self.extras[s]
+        if extra is not None and len(extra) and not hit.all():
+            hit[~hit] = extra.lookup(keys[~hit]) >= 0
+        return int(np.count_nonzero(hit))
+
+    def upsert(self, s: int, keys: U64, rows: F32) -> None:
+        """Rows of existing keys written in place; new keys into the extras."""
+        idx = self.bases[s].lookup(keys)
+        inb = idx >= 0
+        if inb.any():
+            self.bases[s].write_rows(idx[inb], rows[inb])
+        if not inb.all():
+            extra = self.extras[s]
+            if extra is None:
+                extra = self.extras[s] = _extras(self.bases[s])
+            extra.assign(keys[~inb], rows[~inb])
+
+    def delete(self, s: int, keys: U64) -> None:
+        self.bases[s].delete(keys)
+        extra = self.extras[s]
+        if extra is not None and len(extra):
+            extra.delete(keys)
+
+
+@dataclass
+class SparseView:
+    """The tables one served version reads."""
+
+    tables: dict[str, ShardedTable]
+
+    @classmethod
+    def of(cls, loaded: Any) -> SparseView:
+        """A view of a :class:`~coadapt.serve.sparse_artifacts.SparseTables` (no overlays)."""
+        return cls({n: ShardedTable(n, loaded.dims[n], ts) for n, ts in loaded.shards.items()})
+
+
+class TableStore:
+    """The read-only store a served module is built around (the SparseStore protocol)."""
+
+    def __init__(self, view: SparseView) -> None:
+        self.view = view
+        self.step = 0
+
+    def dim(self, table: str) -> int:
+        try:
+            return self.view.tables[table].dim
+        except KeyError:
+            raise KeyError(f"no sparse table {table!r} in this version") from None
+
+    def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
+        return {n: self.view.tables[n].gather(np.asarray(k, np.uint64)) for n, k in ids.items()}
+
+    def push(self, grads: Mapping[str, Any]) -> None:
+        raise RuntimeError("a served model is read-only: it cannot be trained")
+
+
+class ServingEmbedding(nn.Module):
+    """:class:`SparseEmbedding`'s forward on served tables (same ops, no dedupe, no autograd)."""
+
+    def __init__(self, table: ShardedTable, mode: str) -> None:
+        super().__init__()
+        self.table = table
+        self.dim = table.dim
+        self.mode = mode
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        flat = ids_to_numpy(ids).reshape(-1)
+        rows = torch.from_numpy(self.table.gather(flat))
+        pos = torch.arange(flat.size)
+        if offsets is not None:
+            return F.embedding_bag(pos, rows, offsets, mode=self.mode)
+        if ids.dim() == 1:
+            return rows
+        if ids.dim() == 2:
+            return F.embedding_bag(pos.view(ids.shape), rows, mode=self.mode)
+        raise ValueError(f"ids must be (B,), (B, L) or 1-D with offsets, got {tuple(ids.shape)}")
+
+
+class ServingEmbeddingCollection(nn.Module):
+    """:class:`SparseEmbeddingCollection`'s forward on served tables."""
+
+    def __init__(self, tables: list[ShardedTable], mode: str) -> None:
+        super().__init__()
+        self.tables = tables
+        self.dim = tables[0].dim
+        self.mode = mode
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        nf = len(self.tables)
+        if ids.dim() not in (2, 3) or ids.shape[1] != nf:
+            raise ValueError(f"ids must be (B, {nf}) or (B, {nf}, L), got {tuple(ids.shape)}")
+        arr = ids_to_numpy(ids)
+        b = ids.shape[0]
+        per = [
+            t.gather(np.ascontiguousarray(arr[:, f]).reshape(-1)) for f, t in enumerate(self.tables)
+        ]
+        if ids.dim() == 2:
+            return torch.from_numpy(np.stack(per, axis=1))  # (B, F, dim): what F.embedding gathers
+        rows = torch.from_numpy(np.concatenate(per))  # field-major, as the trainer's bags index
+        lf = ids.shape[2]
+        pos = torch.arange(b * nf * lf).view(nf, b, lf).transpose(0, 1).reshape(b * nf, lf)
+        return F.embedding_bag(pos, rows, mode=self.mode).view(b, nf, self.dim)
+
+
+def _swap_embeddings(module: nn.Module, view: SparseView) -> int:
+    """Replace every sparse embedding child with its serving twin; how many were replaced."""
+    n = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, SparseEmbeddingCollection):
+            tables = [_table(view, t, child.dim) for t in child.table_names]
+            setattr(module, name, ServingEmbeddingCollection(tables, child.mode))
+            n += 1
+        elif isinstance(child, SparseEmbedding):
+            setattr(
+                module,
+                name,
+                ServingEmbedding(_table(view, child.table_name, child.dim), child.mode),
+            )
+            n += 1
+        else:
+            n += _swap_embeddings(child, view)
+    return n
+
+
+def _table(view: SparseView, name: str, dim: int) -> ShardedTable:
+    t = view.tables.get(name)
+    if t is None:
+        raise ArtifactError(
+            f"the model reads sparse table {name!r}, the version has {sorted(view.tables)}"
+        )
+    if t.dim != dim:
+        raise IntegrityError(
+            f"sparse table {name!r}: the model wants dim {dim}, the version has {t.dim}"
+        )
+    return t
+
+
+def serving_module(m: Manifest, dense: Mapping[str, torch.Tensor], view: SparseView) -> nn.Module:
+    """The factory's module around ``view``, with ``dense`` loaded, in eval mode."""
+    module = _import_factory(m.factory)(**m.factory_kwargs, store=TableStore(view))
+    if not isinstance(module, nn.Module):
+        raise ArtifactError(f"factory {m.factory!r} returned {type(module).__name__}, no Module")
+    _swap_embeddings(module, view)
+    try:
+        module.load_state_dict(dict(dense), strict=True)
+    except RuntimeError as exc:
+        raise IntegrityError(f"version {m.version} does not fit {m.factory}: {exc}") from exc
+    return module.eval()
+
+
+# ----------------------------------------------------------------------------- live deltas
+
+
+@dataclass
+class PendingMerge:
+    """A delta made visible through overlays, still to be merged into the base tables."""
+
+    view: SparseView
+    parts: dict[str, list[DeltaTable]]
+
+    def steps(self) -> Iterator[Callable[[], None]]:
+        """Small merge steps; run each between batches, then :meth:`finish`."""
+        for name, parts in self.parts.items():
+            t = self.view.tables[name]
+            for s, part in enumerate(parts):
+                for i in range(0, part.keys.size, MERGE_CHUNK):
+                    k, r = part.keys[i : i + MERGE_CHUNK], part.rows[i : i + MERGE_CHUNK]
+                    yield functools.partial(t.upsert, s, k, r)
+                for i in range(0, part.deleted.size, MERGE_CHUNK):
+                    yield functools.partial(t.delete, s, part.deleted[i : i + MERGE_CHUNK])
+
+    def finish(self) -> list[str]:
+        """Drop the overlays (the tables now hold the same rows); problems found, if any."""
+        problems = []
+        for name, parts in self.parts.items():
+            t = self.view.tables[name]
+            for s, part in enumerate(parts):
+                if t.rows(s) != part.rows_after:
+                    problems.append(
+                        f"table {name!r} shard {s}: {t.rows(s)} rows after the merge, "
+                        f"the publisher had {part.rows_after}"
+                    )
+            t.overlays = [None] * len(t.bases)
+        return problems
+
+
+def prepare_delta(
+    live: SparseView, parts: dict[str, list[DeltaTable]], version: str
+) -> PendingMerge:
+    """Step (1) of a live delta, off the serving path (reads of the live tables only): check it
+    fits (row counts after it), build the overlays; the returned merge's view is the new one."""
+    tables: dict[str, ShardedTable] = {}
+    for name, t in live.tables.items():
+        ps = parts.get(name)
+        if ps is None or len(ps) != len(t.bases):
+            raise IntegrityError(
+                f"version {version}: delta lacks table {name!r} or has another shard count"
+            )
+        overlays: list[Overlay | None] = []
+        extras, room = list(t.extras), list(t.room)
+        for s, part in enumerate(ps):
+            added = part.keys.size - t.present(s, part.keys)
+            expect = t.rows(s) + added - t.present(s, part.deleted)
+            if expect != part.rows_after:
+                raise IntegrityError(
+                    f"version {version}: table {name!r} shard {s} would hold {expect} rows, the "
+                    f"publisher had {part.rows_after}: the delta does not fit the live state"
+                )
+            held = 0 if extras[s] is None else len(extras[s])  # type: ignore[arg-type]
+            if added and held + added > room[s]:  # grow it here, not between batches
+                extras[s], room[s] = _resized_extras(t.bases[s], extras[s], held + added)
+            n = part.keys.size + part.deleted.size
+            if n == 0:
+                overlays.append(None)
+                continue
+            vals = np.zeros((n, t.dim + 1), np.float32)
+            vals[: part.keys.size, : t.dim] = part.rows
+            vals[part.keys.size :, t.dim] = 1.0
+            overlays.append(Overlay(np.concatenate([part.keys, part.deleted]), vals))
+        tables[name] = ShardedTable(name, t.dim, t.bases, extras, overlays, room)
+    return PendingMerge(SparseView(tables), parts)
+
+
+def merge_now(view: SparseView, parts: dict[str, list[DeltaTable]], version: str) -> None:
+    """Apply a delta at once to tables nothing serves yet (a version being built from files)."""
+    pending = prepare_delta(view, parts, version)
+    for step in pending.steps():
+        step()
+    problems = pending.finish()
+    if problems:
+        raise IntegrityError(f"version {version}: " + "; ".join(problems))
