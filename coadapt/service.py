@@ -44,6 +44,10 @@ from coadapt.controller.spec import JobSpec
 from coadapt.controller.store import Store
 from coadapt.executors import Executor, ExecutorError, create_executor
 from coadapt.policies import POLICY_NAMES, make_policy
+from coadapt.registry.api import PromoteIn, registry_router
+from coadapt.registry.config import ModelSpec
+from coadapt.registry.runner import RegistryRunner
+from coadapt.registry.validate import gate_confinement
 from coadapt.tune.api import tune_router
 from coadapt.tune.policies import POLICY_NAMES as TUNE_POLICIES
 from coadapt.tune.runner import TuneRunner
@@ -51,11 +55,13 @@ from coadapt.tune.spec import ExperimentSpec
 from coadapt.tune.store import TuneStore
 
 log = logging.getLogger("coadapt.controller")
+#: How often the registry looks for new versions under the registered roots (and runs gates).
+REGISTRY_TICK_S = 2.0
 
 __all__ = ["ServerOptions", "build", "create_app", "serve"]
 
 
-def create_app(ctx: ApiContext) -> FastAPI:
+def create_app(ctx: ApiContext, registry: RegistryRunner | None = None) -> FastAPI:
     """The whole HTTP service: the controller's routes, tuning, the dashboard and the docs.
 
     Order matters only for the dashboard, mounted last: its static files are served under
@@ -63,9 +69,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app = api.create_app(ctx)
     auth = api.authenticator(ctx.store)
     app.include_router(tune_router(TuneStore(ctx.store), ctx.clock, auth, ctx.on_change))
+    if registry is None:  # routes without the background round (tests of other routers)
+        registry = RegistryRunner(
+            ctx.store, ctx.clock, state_dir=ctx.state_dir, jobs_dir=ctx.jobs_dir
+        )
+    app.include_router(registry_router(registry, auth))
     mount_dashboard(app, ctx, auth)
     install_docs(app)
-    install_openapi(app, [JobSpec, ExperimentSpec, TenantIn])
+    install_openapi(app, [JobSpec, ExperimentSpec, TenantIn, ModelSpec, PromoteIn])
     return app
 
 
@@ -134,6 +145,14 @@ def build(
     tuner = TuneRunner(
         store, lambda: controller.slots, options.tune_policy, clock, on_change=controller.poke
     )
+    registry = RegistryRunner(
+        store,
+        clock,
+        state_dir=state_dir,
+        jobs_dir=jobs_root,
+        confine=gate_confinement(isolation),
+        run_as_uid=lambda tenant: who.uid if (who := isolation.identity(tenant)) else None,
+    )
     stop = threading.Event()
 
     def round_info() -> dict[str, Any]:
@@ -154,10 +173,11 @@ def build(
         round_info=round_info,
         jobs_dir=controller.job_dir("_").parent,
         inventory=lambda: [(n.name, n.gpus) for n in controller.nodes],
+        gpu_types=lambda: {n.name: n.gpu_type for n in controller.nodes},
         isolation=isolation.describe(),
         admit_tenant=guard,
     )
-    app = create_app(ctx)
+    app = create_app(ctx, registry)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -169,6 +189,10 @@ def build(
             target=tuner.run, args=(stop, options.tune_tick), name="coadapt-tune", daemon=True
         )
         tune_thread.start()
+        registry_thread = threading.Thread(
+            target=registry.run, args=(stop, REGISTRY_TICK_S), name="coadapt-registry", daemon=True
+        )
+        registry_thread.start()
         try:
             yield
         finally:
@@ -176,6 +200,8 @@ def build(
             controller.poke()
             thread.join(timeout=10)
             tune_thread.join(timeout=10)
+            registry.poke()
+            registry_thread.join(timeout=10)
             tuner.close()
 
     app.router.lifespan_context = lifespan

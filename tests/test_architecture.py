@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("coadapt.policies", "coadapt.train", "coadapt.executors", "coadapt.sparse"),
     ("coadapt.sim", "coadapt.serve"),  # the simulator runs the policies; serving
     ("coadapt.controller",),  # store, loop, API, dashboard
-    ("coadapt.tune",),  # tuning on top of the controller's store and job specs
+    # tuning on top of the controller's store and job specs; the model registry beside it
+    ("coadapt.tune", "coadapt.registry"),
     ("coadapt.service",),  # the composition root
     ("coadapt.cli",),  # the one CLI package
 )
@@ -130,7 +131,12 @@ def test_the_module_graph_has_no_cycle() -> None:
 
 #: The modules that may open database sessions; everything else reads and writes through
 #: :class:`coadapt.controller.store.Store` (or tuning's ``TuneStore`` on top of it).
-SESSION_OWNERS = {"coadapt.controller.store", "coadapt.controller.db", "coadapt.tune.store"}
+SESSION_OWNERS = {
+    "coadapt.controller.store",
+    "coadapt.controller.db",
+    "coadapt.tune.store",
+    "coadapt.registry.store",
+}
 
 
 def test_only_the_stores_open_database_sessions() -> None:

@@ -64,6 +64,7 @@ def test_the_service_serves_every_router(tmp_path: Path) -> None:
         assert get(app, "/healthz").json()["ok"] is True
         assert get(app, "/api/v1/jobs", token).status_code == 200
         assert get(app, "/api/v1/experiments", token).status_code == 200
+        assert get(app, "/api/v1/models", token).status_code == 200
         assert get(app, "/api/v1/ui/cluster", token).status_code == 200
         assert get(app, "/api/v1/experiments").status_code == 401  # one authenticator
         schema = get(app, "/openapi.json").json()

@@ -53,6 +53,12 @@ def _serve() -> typer.Typer:
     return serve.app
 
 
+def _model() -> typer.Typer:
+    from coadapt.cli import model
+
+    return model.app
+
+
 def _run_local() -> typer.Typer:
     from coadapt.cli import run_local
 
@@ -84,6 +90,7 @@ COMMANDS: dict[str, Entry] = {
     "tenant": Entry(_controller, "Manage tenants (admin token).", CLUSTER),
     "tune": Entry(_tune, "Multi-tenant hyper-parameter tuning experiments.", TUNING),
     "serve": Entry(_serve, "Serve trained models (versions, batching, hot swap).", SERVING),
+    "model": Entry(_model, "Model registry: versions, gates, promote, rollback.", SERVING),
     "run-local": Entry(_run_local, "Run K replicas of a training script here.", OFFLINE),
     "simulate": Entry(_sim, "Replay a workload on a simulated cluster.", OFFLINE),
     "demo": Entry(_demo, "Run real jobs on a local controller (or replay a trace).", OFFLINE),

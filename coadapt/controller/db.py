@@ -34,6 +34,7 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 VERSION_LOCATIONS: tuple[Path, ...] = (
     MIGRATIONS / "versions",
     MIGRATIONS.parents[1] / "tune" / "migrations" / "versions",
+    MIGRATIONS.parents[1] / "registry" / "migrations" / "versions",  # coadapt.registry
 )
 
 #: Our Alembic version table. Not Alembic's default ``alembic_version``: Optuna's RDBStorage

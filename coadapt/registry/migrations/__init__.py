@@ -1,0 +1,1 @@
+"""The registry's Alembic branch (``registry``); its revisions are in ``versions/``."""
