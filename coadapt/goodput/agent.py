@@ -12,8 +12,26 @@ must run the very same rule or its results describe an agent that does not ship:
   than 5%, since changing M perturbs the optimiser; except while the job has timed only one
   micro-batch size (``explore``): then the throughput model's split of the step time into
   fixed and per-sample cost is a prior, not a measurement, and on the examples it predicted
-  2-4% for growing, so the threshold kept jobs at M0 for good (issue 19). A larger optimum
-  is then tried at once: one more size is what lets the fit learn the split.
+  2-4% for growing, so the threshold kept jobs at M0 for good (issue 19). When the optimum
+  is larger, the edge of the trust region (2x) is then tried at once: one more size, far
+  enough from the first, is what lets the fit learn the split;
+* **evidence before retreat**: the job shrinks its batch only once the current (m, s) has
+  ``MIN_TIMED_TO_SHRINK`` timed steps (``timed_steps``). A new size is re-tuned after 6 timed
+  steps; on a loaded machine all 6 can land in another process's burst (a 209-sample step
+  timed at 17 ms instead of ~1.4 ms), the fit then calls the larger batch dear, the job fell
+  back to M0, and since it never returned, that one stale row kept it there for good
+  (issue 19). 32 steps fill the profile's window of recent steps (its lower quartile then
+  ignores up to 24 interrupted ones); 16 still let 2-replica jobs on a loaded machine shrink
+  320 -> 132. Growing needs no such wait: the trust region bounds it, and a grown job that
+  measures badly shrinks once the evidence holds.
+
+The library also bounds M by its data set (:func:`epoch_limits`): at least
+``MIN_STEPS_PER_EPOCH`` optimizer steps per epoch. The goodput model knows the training
+gradient's noise, not generalisation: on a small data set the training gradient shrinks as the
+model fits it, φ grows (the cancer MLP's from 40 to 470 in 120 steps, 426 samples) and eq. 14
+asks for batches of 150-250, one or two steps an epoch, at which the test loss stops improving
+before the target (3/5 fixed runs at 128 missed it too; issue 19). The simulator's jobs have
+no data set size, so this bound is the library's alone.
 
 ``artifact_compatible=True`` is the Pollux artifact simulator's rule instead: always take
 eq. 14's optimum over the job's full limits. ``benchmarks/reproduce_pollux.py`` uses it to
@@ -34,6 +52,10 @@ MIN_MEASUREMENTS = 8
 TRUST_REGION = 2.0
 #: Smallest predicted relative gain worth a change of (m, s).
 ADOPT_THRESHOLD = 0.05
+#: Timed steps of the current (m, s) before the job may shrink its batch.
+MIN_TIMED_TO_SHRINK = 32
+#: Optimizer steps per epoch that the total batch must leave (a bound on M for small data).
+MIN_STEPS_PER_EPOCH = 8
 
 
 class Reason(str, Enum):
@@ -43,6 +65,7 @@ class Reason(str, Enum):
     GATED = "gated"  # fewer noise measurements than the gate asks for
     ADOPTED = "adopted"  # the model's optimum, predicted to be worth the change
     KEPT = "kept"  # the optimum is the current (m, s), or not worth the change
+    MEASURING = "measuring"  # a smaller optimum, but the current (m, s) is barely timed
     ARTIFACT = "artifact"  # artifact-compatible mode: the unguarded optimum
 
 
@@ -85,6 +108,14 @@ def trust_limits(limits: BatchLimits, current_batch: int) -> BatchLimits:
     return replace(limits, max_batch_size=upper, accumulate_to_measure=False)
 
 
+def epoch_limits(limits: BatchLimits, dataset_size: int) -> BatchLimits:
+    """``limits`` with M capped at ``dataset_size / MIN_STEPS_PER_EPOCH`` (never below M0)."""
+    if dataset_size < 1:
+        raise ValueError(f"dataset_size must be >= 1, got {dataset_size}")
+    cap = max(dataset_size // MIN_STEPS_PER_EPOCH, limits.init_batch_size)
+    return replace(limits, max_batch_size=max(min(limits.max_batch_size, cap), 1))
+
+
 def choose_batch(
     model: GoodputModel | None,
     limits: BatchLimits,
@@ -97,6 +128,7 @@ def choose_batch(
     min_measurements: int = MIN_MEASUREMENTS,
     threshold: float = ADOPT_THRESHOLD,
     explore: bool = False,
+    timed_steps: int | None = None,
 ) -> AgentChoice:
     """The (m, s) a job on ``nodes``/``replicas`` should train with next (pure).
 
@@ -104,6 +136,8 @@ def choose_batch(
     measurements it has taken, ``limits`` its batch bounds (``max_local_bsz`` is the
     per-replica memory cap, learned after an OOM where applicable). ``explore``: the model
     has timed one micro-batch size only, so a larger optimum is tried without the threshold.
+    ``timed_steps``: steps timed at ``current`` (None: as many as needed, e.g. the simulator,
+    whose step times are exact); a smaller optimum waits for ``MIN_TIMED_TO_SHRINK``.
     """
     m, s = current
     if model is None:
@@ -114,12 +148,26 @@ def choose_batch(
         return AgentChoice(*best, Reason.ARTIFACT, best, float(opt.goodput))
     if limits.pinned_batch is None and measurements < min_measurements:
         return AgentChoice(m, s, Reason.GATED)
-    opt = model.optimize(nodes, replicas, trust_limits(limits, replicas * m * (s + 1)))
+    trusted = trust_limits(limits, replicas * m * (s + 1))
+    opt = model.optimize(nodes, replicas, trusted)
     best = (int(opt.local_bsz), int(opt.accum_steps))
     best_good = float(opt.goodput)
     cur_good = float(model.goodput(nodes, replicas, m, s))
     larger = best[0] * (best[1] + 1) > m * (s + 1)
+    if explore and larger and trusted.max_batch_size > replicas * m * (s + 1):
+        # Explore at the trust region's edge: a second size close to the first (32 -> 40)
+        # leaves the fixed/per-sample split to timing noise, and one such fit kept a
+        # 2-replica job at 40 for 3700 steps (issue 19).
+        edge = model.optimize(
+            nodes, replicas, replace(trusted, pinned_batch=trusted.max_batch_size)
+        )
+        if float(edge.goodput) > 0:  # tried whatever the prior predicts for it
+            tried = (int(edge.local_bsz), int(edge.accum_steps))
+            return AgentChoice(*tried, Reason.ADOPTED, tried, float(edge.goodput), cur_good)
     gain = should_adopt(cur_good, best_good, 0.0 if explore and larger else threshold)
     if best != (m, s) and math.isfinite(best_good) and gain:
+        smaller = best[0] * (best[1] + 1) < m * (s + 1)
+        if smaller and timed_steps is not None and timed_steps < MIN_TIMED_TO_SHRINK:
+            return AgentChoice(m, s, Reason.MEASURING, best, best_good, cur_good)
         return AgentChoice(*best, Reason.ADOPTED, best, best_good, cur_good)
     return AgentChoice(m, s, Reason.KEPT, best, best_good, cur_good)

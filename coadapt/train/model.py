@@ -6,10 +6,11 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
   sync micro-batch);
 * measures the gradient noise without extra backward passes (see :mod:`coadapt.train.gns`),
   on one optimizer step in every ``measure_every`` so its cost (norms, a host sync) is
-  amortised: with K > 1 replicas a DDP comm hook takes each bucket's local squared norm
-  *before* the all-reduce and the global one after; the sum of local norms and the stop flag
-  ride along as two extra elements of the last bucket, so there is no extra collective (the
-  stop flag rides every step, the norms only on measuring steps). With K = 1 it uses the
+  amortised (on every step while the noise gate still holds the batch at M0): with K > 1
+  replicas a DDP comm hook takes each bucket's local squared norm *before* the all-reduce
+  and the global one after; the sum of local norms and the stop flag ride along as two extra
+  elements of the last bucket, so there is no extra collective (the stop flag rides every
+  step, the norms only on measuring steps). With K = 1 it uses the
   first micro-batch vs the accumulated gradient, or (no accumulation) two consecutive steps,
   flattened into one buffer so that a single 2×2 Gram matrix gives every norm at once;
 * scales the LR by the rule (AdaScale for SGD, sqrt for adaptive optimisers) for the
@@ -47,7 +48,7 @@ from coadapt.goodput import (
     fit_perf_params,
     lr_factor,
 )
-from coadapt.goodput.agent import Reason, choose_batch
+from coadapt.goodput.agent import MIN_MEASUREMENTS, Reason, choose_batch, epoch_limits
 from coadapt.protocol import (
     BatchRecord,
     CheckpointRecord,
@@ -163,9 +164,16 @@ class AdaptiveModel:
         self._flags: dict[tuple[bool, bool], torch.Tensor] = {}
         self._warmup = _WARMUP_STEPS
         self._followup = -1  # the step of an early re-tune after a batch change
+        # Until the noise gate opens the job may not change its batch, so it measures the
+        # noise on every step it can (not one in measure_every) and re-tunes the moment the
+        # gate opens rather than at the next multiple of retune_every (issue 19).
+        self._gated = (
+            self.adapt
+            and loader.max_batch_size > loader.init_batch_size
+            and loader.pinned_batch_size is None
+        )
         self._perf: PerfParams | None = None  # the last θ_sys fit, and the profile it saw
         self._fit_version: tuple[Any, ...] = ()
-        self._blas: Any = None  # a threadpoolctl controller, made at the first fit
         self._stop_pending = False
         self._save_pending = False
         self._last_save = time.monotonic()
@@ -185,9 +193,14 @@ class AdaptiveModel:
         self._update_lr_scale()
         self.ctx.restore_rng()
         if self.adapt and loader.max_batch_size > loader.init_batch_size:
-            # The first fit imports SciPy's optimiser (0.5 s); import it while the first
+            # The first fit imports SciPy's optimiser (0.3-1.6 s); import it while the first
             # steps run, not at the first re-tune in the middle of training.
-            threading.Thread(target=_import_optimizer, name="coadapt-prewarm", daemon=True).start()
+            _OPTIMIZER.start()
+
+    @property
+    def _measure_period(self) -> int:
+        """Optimizer steps between two noise measurements (every rank computes the same)."""
+        return 1 if self._gated else self.measure_every
 
     # -- forward --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -321,7 +334,7 @@ class AdaptiveModel:
         """
         buf = bucket.buffer()
         world = self._replicas
-        measure = self.steps % self.measure_every == 0
+        measure = self.steps % self._measure_period == 0
         pinv: torch.Tensor | None = None
         if measure:
             if self._precondition:
@@ -399,7 +412,7 @@ class AdaptiveModel:
             if (
                 loader.micro_index == 0
                 and self.ddp is None
-                and self.steps % self.measure_every == 0
+                and self.steps % self._measure_period == 0
             ):
                 # The first micro-batch's gradient, scaled back from loss / (s + 1).
                 self._piece_scale = float((s + 1) ** 2) if self._flatten(0) else None
@@ -445,11 +458,21 @@ class AdaptiveModel:
             # Exit at the next forward, so the caller still sees (and logs) this step and the
             # checkpoint holds exactly the state after it, RNG included.
             self._stop_pending = True
-        if (
-            self._force_retune
-            or self.steps % self.retune_every == 0
-            or self.steps == self._followup
-            or (loader.epoch != self._last_epoch)
+        gate_opened = self._gated and self.gns.count >= MIN_MEASUREMENTS
+        if gate_opened:
+            self._gated = False
+        # After a batch change the next look is the follow-up, once the new size is timed: an
+        # epoch boundary in between re-tuned on a model that had not seen it, and the trust
+        # region let the cancer MLP grow 2x twice in two steps (76 -> 152; issue 19).
+        settling = self.steps < self._followup
+        if self._force_retune or (
+            not settling
+            and (
+                gate_opened
+                or self.steps % self.retune_every == 0
+                or self.steps == self._followup
+                or loader.epoch != self._last_epoch
+            )
         ):
             self._last_epoch = loader.epoch
             self._force_retune = False
@@ -512,7 +535,7 @@ class AdaptiveModel:
                 self._consecutive = 0
                 _, params = self._grads()
                 return lambda: self.gns.update(*consecutive_estimate(self._gram(3, params), m))
-        elif self.steps % self.measure_every == 0 and self._flatten(0):
+        elif self.steps % self._measure_period == 0 and self._flatten(0):
             self._consecutive, self._prev_bsz = 1, m
         return None
 
@@ -535,8 +558,9 @@ class AdaptiveModel:
             self.lr_rule, self.loader.init_batch_size, self.loader.batch_size, self.grad_params
         )
 
-    def goodput_model(self) -> GoodputModel | None:
-        """The job's current goodput model (None until it has a profile and noise stats)."""
+    def goodput_model(self, wait: bool = True) -> GoodputModel | None:
+        """The job's current goodput model (None until it has a profile and noise stats;
+        with ``wait=False`` also None while the optimiser is still being imported)."""
         obs = self.profile.observations()
         grad = self.grad_params
         if obs is None:
@@ -547,46 +571,44 @@ class AdaptiveModel:
             ):
                 return None  # cannot judge a batch change without noise statistics
             grad = GradParams(sqr=1.0, var=0.0)
-        perf = self._fit(obs)
+        perf = self._fit(obs, wait)
         if perf is None:
             return None
         return GoodputModel(perf, grad, self.loader.init_batch_size)
 
-    def _fit(self, obs: Observations) -> PerfParams | None:
+    def _fit(self, obs: Observations, wait: bool = True) -> PerfParams | None:
         """θ_sys, refitted only when the profile has news: a new configuration, or a row with
         twice the steps it had at the last fit (mean times then settle, and refitting every
         retune cost up to 0.2 s a time on a loaded 2-core machine, 10-20 steps' worth).
 
         The fit runs with one BLAS thread: its vectors have 7 entries, and OpenBLAS's
         threads, spinning against the training thread for the cores, made the same fit take
-        1 ms or 100 ms. Warm-started from the previous fit.
+        1 ms or 100 ms. Warm-started from the previous fit. ``wait=False`` (a re-tune during
+        training): while SciPy is still being imported in the background, the last fit.
         """
         version = tuple(
             (k, int(math.log2(max(r[0], 1.0)))) for k, r in sorted(self.profile.rows.items())
         )
         if version == self._fit_version and self._perf is not None:
             return self._perf
+        if not wait and not _OPTIMIZER.ready:
+            # A re-tune in training never waits for SciPy's import: the first one used to
+            # block for it (1.6 s, half a short job's run, on a loaded machine; issue 19).
+            _OPTIMIZER.start()
+            return self._perf
         try:
-            with self._blas_one_thread():
+            with _OPTIMIZER.one_blas_thread():
                 self._perf = fit_perf_params(obs, initial=self._perf)
         except FitError:
             return None
         self._fit_version = version
         return self._perf
 
-    def _blas_one_thread(self) -> Any:
-        if self._blas is None:
-            import scipy.optimize  # noqa: F401  (loads the BLAS the controller must see)
-            from threadpoolctl import ThreadpoolController
-
-            self._blas = ThreadpoolController()
-        return self._blas.limit(limits=1, user_api="blas")
-
     def _choose(self) -> tuple[int, int]:
         """Rank 0's choice of (m, s) by eq. 14, kept unless the gain is worth a change."""
         loader = self.loader
         cur = (loader.local_bsz, loader.accum_steps)
-        model = self.goodput_model()
+        model = self.goodput_model(wait=False)
         if model is None:
             return cur
         limits = BatchLimits(
@@ -596,6 +618,8 @@ class AdaptiveModel:
             max_local_bsz=loader.max_local_bsz,
             pinned_batch=loader.pinned_batch_size,
         )
+        if loader.pinned_batch_size is None:  # at least a few steps per epoch (small data)
+            limits = epoch_limits(limits, loader.size)
         # The one agent rule the simulator runs too: noise gate, 2x trust region, threshold.
         sizes = {k[2] for k, r in self.profile.rows.items() if r[0] > 0}
         agent = choose_batch(
@@ -606,6 +630,9 @@ class AdaptiveModel:
             self._replicas,
             self.gns.count,
             explore=len(sizes) == 1,
+            timed_steps=int(
+                self.profile.rows.get((self.ctx.env.num_nodes, self._replicas, *cur), [0.0])[0]
+            ),
         )
         if agent.reason is Reason.GATED or agent.best is None:
             return cur  # the first noise estimates are too noisy to bet the batch on
@@ -698,8 +725,57 @@ class AdaptiveModel:
         self._started = time.monotonic()
 
 
-def _import_optimizer() -> None:
-    import scipy.optimize  # noqa: F401
+class _Optimizer:
+    """SciPy's optimiser and a BLAS thread limiter, loaded once per process on a background
+    thread (the fit of θ_sys needs both; the training thread must not wait for them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._controller: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self._controller is not None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._load, name="coadapt-prewarm", daemon=True
+                )
+                self._thread.start()
+
+    def _load(self) -> None:
+        import scipy.optimize  # noqa: F401  (loads the BLAS the controller must see)
+        from threadpoolctl import ThreadpoolController
+
+        self._controller = ThreadpoolController()
+
+    def one_blas_thread(self) -> Any:
+        """A context in which BLAS runs one thread (loads everything first if need be)."""
+        if self._controller is None:
+            self.start()
+            assert self._thread is not None
+            self._thread.join()
+            if self._controller is None:  # the loading thread died (a fork, an import error)
+                self._load()
+        return self._controller.limit(limits=1, user_api="blas")
+
+
+_OPTIMIZER = _Optimizer()
+
+
+def prewarm_optimizer(wait: bool = True) -> None:
+    """Load what fitting θ_sys needs (SciPy's optimiser, a BLAS thread limiter) now.
+
+    An adaptive ``AdaptiveModel`` starts this in the background by itself; a process that
+    runs many trainings (a benchmark) calls it once up front, so no training pays for it.
+    """
+    _OPTIMIZER.start()
+    if wait:
+        with _OPTIMIZER.one_blas_thread():
+            pass
 
 
 def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:

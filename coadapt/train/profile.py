@@ -1,11 +1,21 @@
-"""The job's throughput profile: (nodes, replicas, m, s) → mean T_iter and T_grad.
+"""The job's throughput profile: (nodes, replicas, m, s) → typical T_iter and T_grad.
 
 Rows survive restarts (they are part of the checkpoint), so a job that has run at 1, 2 and 4
 replicas fits θ_sys on all of them, as the PolluxAgent does (seed 000 §4.1).
+
+A row's time is the **lower quartile of its last** ``RECENT`` steps, not the mean of all of
+them (issue 19). A few slow steps (the first fit importing SciPy on a background thread holds
+the GIL, a garbage collection) made the first batch size's mean 2.5x its typical step, the fit
+read "the fixed cost is everything" and the job jumped to 16x its batch, measured that as slow
+and fell back. On a loaded machine (load 8-10 on 2 cores) the other processes' time slices
+land more often in long steps than in short ones, so even the median made a larger batch look
+per-sample dearer than it is; once the job had shrunk back, that stale row kept it small for
+good. The lower quartile is what a step costs when it is not interrupted, for every row alike.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -13,6 +23,12 @@ import numpy as np
 from coadapt.goodput import Observations
 
 Key = tuple[int, int, int, int]  # (nodes, replicas, local_bsz, accum_steps)
+#: Steps per row whose lower quartile is the row's time (older ones only count in the totals).
+RECENT = 32
+#: The quantile of the recent steps taken as the row's time.
+QUANTILE = 25.0
+#: Fewer recent steps than this: the row's time is the mean of all its steps.
+MIN_RECENT = 3
 
 
 class Profile:
@@ -20,19 +36,42 @@ class Profile:
 
     def __init__(self) -> None:
         self.rows: dict[Key, list[float]] = {}  # [n_iter, sum_iter, n_grad, sum_grad]
+        # the last RECENT iteration and micro-batch times of each row
+        self._recent: dict[Key, tuple[deque[float], deque[float]]] = {}
 
     def _row(self, key: Key) -> list[float]:
+        if key not in self._recent:
+            self._recent[key] = (deque(maxlen=RECENT), deque(maxlen=RECENT))
         return self.rows.setdefault(key, [0.0, 0.0, 0.0, 0.0])
 
     def record_iter(self, key: Key, seconds: float) -> None:
         row = self._row(key)
         row[0] += 1
         row[1] += seconds
+        self._recent[key][0].append(seconds)
 
     def record_grad(self, key: Key, seconds: float) -> None:
         row = self._row(key)
         row[2] += 1
         row[3] += seconds
+        self._recent[key][1].append(seconds)
+
+    def iter_time(self, key: Key) -> float:
+        """The row's typical seconds per optimizer step (NaN when it has none)."""
+        return self._typical(key, 0)
+
+    def grad_time(self, key: Key) -> float:
+        """The row's typical seconds per micro-batch pass (NaN when it has none)."""
+        return self._typical(key, 1)
+
+    def _typical(self, key: Key, which: int) -> float:
+        row = self.rows.get(key)
+        if row is None or row[2 * which] <= 0:
+            return float("nan")
+        recent = self._recent.get(key, ((), ()))[which]
+        if len(recent) >= MIN_RECENT:
+            return float(np.percentile(np.fromiter(recent, dtype=np.float64), QUANTILE))
+        return row[2 * which + 1] / row[2 * which]
 
     def observations(self) -> Observations | None:
         """The rows with at least one timed step, as :class:`Observations` (or None)."""
@@ -40,10 +79,8 @@ class Profile:
         if not keys:
             return None
         arr = np.array(keys, dtype=np.float64)
-        it = np.array([self.rows[k][1] / self.rows[k][0] for k in keys])
-        gt = np.array(
-            [self.rows[k][3] / self.rows[k][2] if self.rows[k][2] > 0 else np.nan for k in keys]
-        )
+        it = np.array([self.iter_time(k) for k in keys])
+        gt = np.array([self.grad_time(k) for k in keys])
         return Observations.build(
             arr[:, 0], arr[:, 1], arr[:, 2], it, accum_steps=arr[:, 3], grad_time=gt
         )
@@ -58,18 +95,28 @@ class Profile:
                     "replicas": k,
                     "local_bsz": m,
                     "accum_steps": s,
-                    "iter_time": r[1] / r[0] if r[0] else float("nan"),
-                    "grad_time": r[3] / r[2] if r[2] else float("nan"),
+                    "iter_time": self.iter_time((n, k, m, s)),
+                    "grad_time": self.grad_time((n, k, m, s)),
                     "count": r[0],
                 }
             )
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rows": [[*k, *v] for k, v in self.rows.items()]}
+        return {
+            "rows": [[*k, *v] for k, v in self.rows.items()],
+            "recent": [[*k, list(it), list(gt)] for k, (it, gt) in self._recent.items()],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rows = {
             (int(r[0]), int(r[1]), int(r[2]), int(r[3])): [float(x) for x in r[4:8]]
             for r in state["rows"]
         }
+        self._recent = {}
+        for r in state.get("recent", []):  # absent in checkpoints from before issue 19
+            key = (int(r[0]), int(r[1]), int(r[2]), int(r[3]))
+            self._recent[key] = (
+                deque((float(x) for x in r[4]), maxlen=RECENT),
+                deque((float(x) for x in r[5]), maxlen=RECENT),
+            )

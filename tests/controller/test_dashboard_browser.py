@@ -176,6 +176,7 @@ def test_every_page_loads_without_console_errors(tab: Any, cluster: Cluster) -> 
     page = t.page
     t.go("#/cluster")
     page.wait_for_selector(".node .slot")
+    page.wait_for_selector(".node .head [data-gpu-type='gpu']")  # each node's GPU type
     page.wait_for_selector("#cluster-jobs")
     page.wait_for_selector(".chart svg path")
     t.shot("cluster-admin")
@@ -187,6 +188,7 @@ def test_every_page_loads_without_console_errors(tab: Any, cluster: Cluster) -> 
     page.wait_for_selector("#chart-alloc svg path")
     page.wait_for_selector("#chart-steptimes svg circle")  # observed step times
     page.wait_for_selector("#chart-model svg path")  # the model's T_iter curve
+    page.wait_for_selector("#chart-tta svg path")  # time so far vs the initial batch
     page.wait_for_function(
         "document.querySelector('#logs').textContent.includes('done at step 40')"
     )

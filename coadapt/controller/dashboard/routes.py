@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from coadapt.controller.api import ApiContext, job_view
 from coadapt.controller.dashboard.data import Rep, replica_rows, series_rows
 from coadapt.controller.dashboard.series import PREFIX
+from coadapt.controller.dashboard.tta import tta_view
 from coadapt.controller.errors import NotFoundError
 from coadapt.controller.models import MetricRow
 from coadapt.controller.states import ACTIVE, JobState
@@ -405,6 +406,8 @@ def mount_dashboard(app: FastAPI, ctx: ApiContext, auth: Callable[..., Tenant]) 
             "user_metrics": {k: thin(v) for k, v in user.items()},
             "step_times": thin(steps),
             "model": model_view(job, configs),
+            # time so far vs the user's initial batch, fixed (issue 19): did adapting pay?
+            "tta": tta_view(rows, [a[0] for a in alloc], perf, _init_batch(job), nodes_at, PREFIX),
             "replicas": [
                 {
                     "node": r.node,
@@ -460,3 +463,9 @@ def _allocation(job: Job) -> dict[str, int] | None:
     if isinstance(alloc, dict) and alloc:
         return {str(k): int(v) for k, v in alloc.items() if isinstance(v, int)}
     return {"local": job.replicas} if job.replicas else None
+
+
+def _init_batch(job: Job) -> int | None:
+    """M0, the batch size the job was submitted with (None when the spec has none)."""
+    value = job.spec.get("batch_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -358,7 +358,7 @@ function clusterPage(root) {
         card('policy', cl.policy, ''),
         card('rounds', isNum(round.count) ? round.count : '—', isNum(round.at) ? 'last ' + clock(round.at) : ''));
       // nodes: the API's inventory, plus any node only the replica rows name
-      const nodes = new Map((cl.nodes || []).map((n) => [n.name, { name: n.name, slots: n.slots, held: [] }]));
+      const nodes = new Map((cl.nodes || []).map((n) => [n.name, { name: n.name, slots: n.slots, gpu_type: n.gpu_type, held: [] }]));
       for (const r of ui.replicas) {
         if (!nodes.has(r.node)) nodes.set(r.node, { name: r.node, slots: 0, held: [] });
         const n = nodes.get(r.node);
@@ -393,16 +393,18 @@ function card(k, v, u) {
 }
 function nodeCard(n) {
   const bySlot = new Map(n.held.map((r) => [r.slot, r]));
-  const used = n.held.length;
+  const sharing = new Map(); // GPU sharing: replicas of two packed jobs on one slot
+  for (const r of n.held) sharing.set(r.slot, (sharing.get(r.slot) || 0) + 1);
+  const used = bySlot.size;
   const slots = [];
   for (let i = 0; i < n.slots; i++) {
     const r = bySlot.get(i);
     if (!r) slots.push(h('div', { class: 'slot free', 'data-slot': i }, h('span', { class: 'idx' }, '#' + i), h('span', { class: 'nm' }, 'free')));
     else if (r.other) slots.push(h('div', { class: 'slot other ' + r.status, 'data-slot': i, title: 'held by another tenant' }, h('span', { class: 'idx' }, '#' + i), h('span', { class: 'nm' }, 'other tenant')));
     else slots.push(h('a', { class: 'slot ' + r.status, 'data-slot': i, href: '#/jobs/' + encodeURIComponent(r.job_id), style: { background: jobColour(r.job_id) }, title: `${r.name} (${r.job_id}) rank ${r.rank}, ${r.status}` },
-      h('span', { class: 'idx' }, `#${i} · rank ${r.rank}`), h('span', { class: 'nm' }, r.name), h('span', { class: 'idx' }, r.tenant)));
+      h('span', { class: 'idx' }, `#${i} · rank ${r.rank}`), h('span', { class: 'nm' }, r.name), h('span', { class: 'idx' }, r.tenant), sharing.get(i) > 1 ? h('span', { class: 'idx shared' }, `shared by ${sharing.get(i)} jobs`) : null));
   }
-  return h('div', { class: 'node', 'data-node': n.name }, h('div', { class: 'head' }, h('span', null, n.name), h('span', { class: 'sub' }, `${used}/${n.slots} used`)), h('div', { class: 'slots' }, slots));
+  return h('div', { class: 'node', 'data-node': n.name }, h('div', { class: 'head' }, h('span', null, n.name, n.gpu_type ? h('span', { class: 'sub gpu-type', 'data-gpu-type': n.gpu_type }, ' ' + n.gpu_type) : null), h('span', { class: 'sub' }, `${used}/${n.slots} used`)), h('div', { class: 'slots' }, slots));
 }
 
 // ---------------------------------------------------------------- jobs page
@@ -510,8 +512,10 @@ function jobPage(root, id) {
         h('div', { class: 'panel', id: 'chart-steptimes' }, plot({ title: 'Step time: observed vs model', note: m.source ? `θ_sys ${m.source}` : 'no throughput model yet', x: { type: 'time' }, xMin: t0, xMax: t1, y: { label: 's / step', fmt: (v) => fmt(v) },
           series: [{ label: 'observed', colour, points: st.map((p) => [p[0], p[1]]), dots: st.length < 60 }, { label: 'model T_iter', colour: '#1d2430', dash: '5 3', points: st.filter((p) => isNum(p[2])).map((p) => [p[0], p[2]]) }],
           empty: 'no step times yet (needs two progress reports on one allocation)' })),
-        h('div', { class: 'panel', id: 'chart-model' }, modelChart(m)));
-      const users = Object.entries(d.user_metrics);
+        h('div', { class: 'panel', id: 'chart-model' }, modelChart(m)),
+        ...(typeof ttaPanel === 'function' ? [ttaPanel(d.tta, colour)] : []),
+        ...(typeof sparsePanel === 'function' && j.spec && j.spec.sparse ? [sparsePanel(d, colour)] : []));
+      const users = Object.entries(d.user_metrics).filter(([n]) => !(typeof sparseOwns === 'function' && sparseOwns(n)));
       userBox.replaceChildren(...users.map(([name, pts], i) => h('div', { class: 'panel' }, plot({ title: name, note: 'reported by the job', x: { type: 'time' }, xMin: t0, xMax: t1, series: [{ label: name, colour: PALETTE[i % PALETTE.length], points: pts.map((p) => [p[0], p[1]]), dots: pts.length < 40 }] }))));
       eventsBox.replaceChildren(h('table', { class: 't', id: 'events-table' }, h('thead', null, h('tr', null, h('th', null, 'time'), h('th', null, 'kind'), h('th', null, 'message'))),
         h('tbody', null, d.events.slice().reverse().map((e) => h('tr', null, h('td', { class: 'mono' }, clock(e.time)), h('td', null, e.kind), h('td', { class: 'msg' }, e.message))))));

@@ -1,0 +1,92 @@
+"""How fast the shipped agent gets to its first batch decision (issue 19): while the noise gate
+holds the batch at M0 it measures on every step it can and re-tunes the moment the gate opens;
+after a batch change it waits for the new size's follow-up before looking again; fixed-batch
+jobs keep the amortised measurement period (no extra cost)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from coadapt.goodput.agent import MIN_MEASUREMENTS
+from coadapt.train import AdaptiveDataLoader, AdaptiveModel
+from coadapt.train.context import TrainingContext
+from tests.train.test_model import linear_problem
+
+
+def _run(model: AdaptiveModel, loader: AdaptiveDataLoader, steps: int) -> list[int]:
+    """Train ``steps`` optimizer steps; the steps at which the model re-tuned."""
+    retunes: list[int] = []
+    inner = model.retune
+
+    def retune() -> None:
+        retunes.append(model.steps)
+        inner()
+
+    model.retune = retune  # type: ignore[method-assign]
+    for _ in loader.epochs(100):
+        for x, y in loader:
+            model.step(nn.functional.mse_loss(model(x), y))
+            if model.steps >= steps:
+                return retunes
+    return retunes
+
+
+def test_the_gate_opens_within_three_steps_per_measurement(ctx: TrainingContext) -> None:
+    data, lin, _ = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=256, seed=0, context=ctx)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    model = AdaptiveModel(lin, opt, loader, retune_every=1000, measure_every=4)
+    assert model._measure_period == 1  # gated: every step
+    retunes = _run(model, loader, 3 * MIN_MEASUREMENTS + 1)
+    # one replica, s = 0: each measurement takes three consecutive steps
+    assert model.gns.count >= MIN_MEASUREMENTS
+    assert retunes and retunes[0] <= 3 * MIN_MEASUREMENTS  # at the gate, not at step 1000
+    assert model._measure_period == 4  # amortised again once the gate is open
+
+
+def test_after_a_batch_change_the_next_look_is_the_follow_up(ctx: TrainingContext) -> None:
+    data, lin, _ = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=256, seed=0, context=ctx)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    model = AdaptiveModel(lin, opt, loader, retune_every=1, measure_every=4)
+    _run(model, loader, 3 * MIN_MEASUREMENTS + 1)
+    loader.set_batch(64, 0)  # as retune() does on a change
+    followup = model._followup = model.steps + 9
+    retunes = _run(model, loader, followup + 3)
+    # retune_every = 1 would look at every step; the new size is settling until the follow-up
+    assert retunes and retunes[0] == followup
+
+
+def test_a_fixed_batch_job_keeps_the_amortised_period(ctx: TrainingContext) -> None:
+    data, lin, _ = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=32, seed=0, context=ctx)  # max = M0: fixed
+    model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader)
+    assert model._measure_period == model.measure_every
+
+
+def test_a_retune_never_waits_for_the_optimizer_import(
+    ctx: TrainingContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While SciPy is still loading, a re-tune in training keeps the batch (no fit, no
+    stall); an explicit goodput_model() waits for it and fits."""
+    import coadapt.train.model as cm
+
+    fresh = cm._Optimizer()
+    monkeypatch.setattr(fresh, "start", lambda: None)  # the import "never finishes"
+    monkeypatch.setattr(cm, "_OPTIMIZER", fresh)
+    data, lin, _ = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=256, seed=0, context=ctx)
+    model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader)
+    _run(model, loader, 3 * MIN_MEASUREMENTS + 4)  # the gate has opened: a re-tune ran
+    assert model.gns.count >= MIN_MEASUREMENTS and model._perf is None  # it did not fit
+    assert loader.batch_size == 32 and model.goodput_model(wait=False) is None
+    monkeypatch.undo()
+    loaded = cm._Optimizer()
+    assert not loaded.ready
+    loaded.start()
+    with loaded.one_blas_thread():  # joins the loading thread first
+        pass
+    assert loaded.ready
+    assert model.goodput_model() is not None  # waits for the real one and fits
