@@ -16,15 +16,17 @@ sample, so on a CPU its throughput grows with the batch (the step's fixed cost d
 
 from __future__ import annotations
 
+import argparse
+import time
+
 import torch
 import torch.nn.functional as F
-from teacher_mlp import main as train_student  # the script's folder is on sys.path
-from teacher_mlp import student
+from torch import nn
 from torch.utils.data import TensorDataset
 
-__all__ = ["data", "main", "student"]  # the same student as examples/teacher_mlp.py
+import coadapt.train as ct
 
-DIM, CLASSES, HIDDEN = 32, 10, 64
+DIM, CLASSES, HIDDEN, WIDTH = 32, 10, 64, 256
 TASK_SEED = 1234  # the teacher and the data are fixed; --seed changes init and order only
 TEMPERATURE, LOGIT_STD = 0.3, 3.0
 
@@ -45,9 +47,61 @@ def data(
     return TensorDataset(x[:n_train], y[:n_train]), x[n_train:], y[n_train:]
 
 
+def student() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(DIM, WIDTH),
+        nn.ReLU(),
+        nn.Linear(WIDTH, WIDTH),
+        nn.ReLU(),
+        nn.Linear(WIDTH, CLASSES),
+    )
+
+
 def main() -> None:
-    """The teacher example's training loop on this teacher, with this workload's defaults."""
-    train_student(data, epochs=3, lr=0.02, retune_every=50, description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--batch-size", type=int, default=32, help="M0, the batch the LR is for")
+    p.add_argument("--max-batch-size", type=int, default=1024)
+    p.add_argument("--fixed", action="store_true", help="pin the batch size at M0")
+    p.add_argument("--target-accuracy", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    ctx = ct.init()
+    train, xte, yte = data()
+    loader = ct.AdaptiveDataLoader(
+        train,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        max_batch_size=args.batch_size if args.fixed else args.max_batch_size,
+    )
+    net = student()
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+    model = ct.AdaptiveModel(net, opt, loader)
+    start = time.perf_counter()
+    for epoch in loader.epochs(args.epochs):
+        model.train()
+        for x, y in loader:
+            model.step(F.cross_entropy(model(x), y))
+        model.eval()
+        with torch.no_grad():
+            acc = float((net(xte).argmax(1) == yte).float().mean())
+        ct.report("accuracy", acc, model.steps)
+        elapsed = time.perf_counter() - start
+        if ctx.rank == 0:
+            print(
+                f"epoch {epoch} step {model.steps} batch {loader.batch_size} "
+                f"lr x{model.lr_scale:.2f} pgns {model.pgns:.1f} acc {acc:.4f} t {elapsed:.1f}s",
+                flush=True,
+            )
+        if args.target_accuracy is not None and acc >= args.target_accuracy:
+            if ctx.rank == 0:
+                print(f"TARGET {acc:.4f} reached at {elapsed:.2f}s", flush=True)
+            break
+    ct.shutdown()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,22 +48,10 @@ def student() -> nn.Module:
     )
 
 
-Data = Callable[[], tuple[TensorDataset, torch.Tensor, torch.Tensor]]
-
-
-def main(
-    make_data: Data = data,
-    *,
-    epochs: int = 5,
-    lr: float = 0.05,
-    retune_every: int = 20,
-    description: str | None = __doc__,
-) -> None:
-    """Train :func:`student` on ``make_data()``; ``examples/teacher_long.py`` reuses it with its
-    own teacher and defaults."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--lr", type=float, default=lr)
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32, help="M0, the batch the LR is for")
     p.add_argument("--max-batch-size", type=int, default=1024)
     p.add_argument("--fixed", action="store_true", help="pin the batch size at M0")
@@ -75,7 +62,7 @@ def main(
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     ctx = ct.init()
-    train, xte, yte = make_data()
+    train, xte, yte = data()
     loader = ct.AdaptiveDataLoader(
         train,
         batch_size=args.batch_size,
@@ -84,7 +71,7 @@ def main(
     )
     net = student()
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
-    model = ct.AdaptiveModel(net, opt, loader, retune_every=retune_every)
+    model = ct.AdaptiveModel(net, opt, loader, retune_every=20)
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):
         model.train()
