@@ -36,6 +36,7 @@ import numpy as np
 
 from coadapt.controller.errors import ControllerError, InvalidTransitionError
 from coadapt.controller.launch_plan import AttemptPlan, replica_specs, server_spec
+from coadapt.controller.serving import SERVING_STATE_KEY, ServingPlane, Slot
 from coadapt.controller.snapshot import (
     ATTEMPT_GPU_TYPE,
     accrued_service,
@@ -57,6 +58,9 @@ from coadapt.policies import (
     state_to_json,
     validate_allocations,
 )
+from coadapt.policies.autoscale import Deployment
+from coadapt.policies.base import PolicyState
+from coadapt.policies.coschedule import CoSchedulePolicy, Reservation, reservations_of
 from coadapt.ports import free_port
 from coadapt.protocol import EventKind, ReplicaStatus
 from coadapt.sparse.jobs import JobLayout
@@ -91,6 +95,8 @@ class ControllerConfig:
     # GPU sharing: measured co-location throughputs handed to the policy
     # (ClusterSnapshot.colocation); empty (the default) means the policy never packs.
     colocation: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # Serving deployments (issue 17): their autoscalers decide this often between full rounds.
+    serving_interval: float = 5.0
 
 
 def _handle(rep: Replica) -> ReplicaHandle:
@@ -142,8 +148,10 @@ class Controller:
         policy: Policy,
         config: ControllerConfig,
         clock: Clock = time.time,
+        serving: ServingPlane | None = None,
     ) -> None:
         self.store = store
+        self.serving = serving
         self.executor = executor
         self.policy = policy
         self.config = config
@@ -173,6 +181,9 @@ class Controller:
         # Handles of the shard servers this process started: a just-started shard has not
         # written its pid file yet, so ``recover`` is only for servers of an earlier controller.
         self._server_handles: dict[tuple[str, int], ReplicaHandle] = {}
+        # What serving holds for this round (read back after a restart: replicas keep running).
+        self._next_serving_round = -np.inf
+        self.reservations: dict[str, Reservation] = reservations_of(self._serving_state())
 
     # -- public ---------------------------------------------------------------------------
     @property
@@ -217,8 +228,16 @@ class Controller:
             self._poke.clear()
             self.schedule(now)
             self._last_schedulable = schedulable
+        elif (
+            self.serving is not None
+            and now >= self._next_serving_round
+            and self.serving_round(now)  # serving needs training's slots (or frees some)
+        ):
+            self.schedule(now)
+            self._last_schedulable = schedulable
         self._act(self.clock())
         self._servers(self.clock())
+        self._serve(self.clock())
 
     def run(self, stop: threading.Event, tick: float = 0.5) -> None:
         """Loop until ``stop`` is set; an error in one step is logged and the loop goes on."""
@@ -505,8 +524,10 @@ class Controller:
         return job.state is not JobState.PENDING or job.not_before <= now
 
     def schedule(self, now: float) -> dict[str, int]:
-        """One policy round: snapshot → ``policy.optimize`` → desired replicas per job."""
+        """One policy round: snapshot → ``policy.optimize`` → desired replicas per job (with
+        serving deployments: one :class:`CoSchedulePolicy` round over both)."""
         self._next_round = now + self.config.interval
+        self._next_serving_round = now + self.config.serving_interval
         self.last_round_at = now
         active = self.store.list_jobs(states=ACTIVE)
         jobs = [j for j in active if self._schedulable(j, now)]
@@ -519,7 +540,10 @@ class Controller:
         for job in active:  # jobs sitting out a backoff hold nothing and want nothing now
             if job.id not in chosen and (job.desired_replicas != 0 or job.wanted):
                 self.store.update_job(job.id, now, desired_replicas=0, desired_allocation={})
-        if not jobs:
+        deployments = self._deployments()
+        if not deployments:
+            self.reservations = {}
+        if not jobs and not deployments:
             return {}
         # Attained service up to now, so the policy sees current figures (Tiresias' LAS).
         jobs = [self._refresh_service(j, now) for j in jobs]
@@ -530,7 +554,11 @@ class Controller:
         rng = np.random.default_rng([self.config.seed, self._round])
         try:
             state = state_from_json(self.store.meta_get(self.policy_state_key))
-            decision = self.policy.optimize(snapshot, state, rng)
+            policy: Policy = self.policy
+            if deployments:
+                policy = self._coschedule(deployments)
+                state = {"inner": state, **self._serving_state()}
+            decision = policy.optimize(snapshot, state, rng)
             decided = decision.allocations
             validate_allocations(snapshot, decided, decision.packed)
             if decision.packed and not self.executor.shares_slots:
@@ -539,7 +567,16 @@ class Controller:
                     "cannot share a slot between two jobs"
                 )
             decided, packed = self._refuse_wrong_types(snapshot, decision, now)
-            stored = state_to_json(decision.state)
+            stored = state_to_json(
+                decision.state.get("inner", {}) if deployments else decision.state
+            )
+            serving_stored = (
+                json.dumps(
+                    {"serving": decision.state["serving"], "last_now": decision.state["last_now"]}
+                )
+                if deployments
+                else None
+            )
         except PolicyError as exc:
             self.store.add_event(
                 None, EventKind.POLICY_ERROR, f"policy {self.policy.name}: {exc}", now
@@ -558,8 +595,11 @@ class Controller:
                 "policy_round": str(self._round),
                 self.policy_state_key: stored,
                 PACKING_KEY: json.dumps(dict(sorted(packed.items()))),
+                **({SERVING_STATE_KEY: serving_stored} if serving_stored is not None else {}),
             }
         )
+        if deployments:
+            self.reservations = reservations_of(decision.state)
         desired: dict[str, int] = {}
         changes: dict[str, tuple[int, str, dict[str, Any]]] = {}
         allocations: dict[str, dict[str, int]] = {}
@@ -583,6 +623,91 @@ class Controller:
         self.store.set_desired(changes, now, allocations)
         return desired
 
+    # -- serving (issue 17) -----------------------------------------------------------------
+    def _deployments(self) -> list[Deployment]:
+        if self.serving is None:
+            return []
+        try:
+            return list(self.serving.deployments())
+        except (ControllerError, PolicyError) as exc:
+            log.error("cannot list the deployments (serving keeps what it holds): %s", exc)
+            return []
+
+    def _coschedule(self, deployments: Sequence[Deployment]) -> CoSchedulePolicy:
+        assert self.serving is not None
+        return CoSchedulePolicy(
+            self.policy,
+            deployments,
+            self.serving.autoscaler(),
+            self.serving.demand(),
+            round_s=self.config.serving_interval,
+        )
+
+    def _serving_state(self) -> PolicyState:
+        """``{"serving", "last_now"}`` of the last co-scheduled round ({} before the first)."""
+        raw = self.store.meta_get(SERVING_STATE_KEY)
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            log.error("stored serving state is not JSON; starting serving afresh")
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _training_slots(self) -> set[Slot]:
+        """Slots training replicas hold now (alive, whatever their job's state)."""
+        return {(r.node, r.slot) for r in self.store.replicas(statuses=LIVE)}
+
+    def serving_round(self, now: float) -> bool:
+        """Ask only the autoscalers (every ``serving_interval``). What they want is applied at
+        once when it fits beside what training holds now; returns True when a full round must
+        follow: serving needs slots training holds, or gave slots back training may take."""
+        self._next_serving_round = now + self.config.serving_interval
+        deployments = self._deployments()
+        if not deployments:
+            if self.reservations:
+                self.reservations = {}
+                return True
+            return False
+        active = [j for j in self.store.list_jobs(states=ACTIVE) if self._schedulable(j, now)]
+        snapshot = build_snapshot(active, self._nodes, now, self.config.restart_delay)
+        try:
+            reservations, serving, diagnostics = self._coschedule(deployments).plan(
+                snapshot, self._serving_state()
+            )
+        except PolicyError as exc:
+            self.store.add_event(None, EventKind.POLICY_ERROR, f"serving round: {exc}", now)
+            log.error("serving round failed: %s", exc)
+            return False
+        training = _count(sorted(self._training_slots()))
+        for node in self._nodes:
+            serving_here = sum(r.placement.get(node.name, 0) for r in reservations.values())
+            if serving_here + training.get(node.name, 0) > node.gpus:
+                return True  # decided again, with training, by the full round
+        before = sum(r.slots for r in self.reservations.values())
+        changed = {k: v.placement for k, v in reservations.items()} != {
+            k: v.placement for k, v in self.reservations.items()
+        }
+        self.store.meta_set(SERVING_STATE_KEY, json.dumps({"serving": serving, "last_now": now}))
+        self.reservations = reservations
+        self.last_diagnostics = {
+            **{k: v for k, v in self.last_diagnostics.items() if not k.startswith("serving.")},
+            **diagnostics,
+        }
+        if changed:
+            log.info(
+                "serving round: %s",
+                ", ".join(f"{k} {v.slots}/{v.desired}" for k, v in sorted(reservations.items())),
+            )
+        return sum(r.slots for r in reservations.values()) < before
+
+    def _serve(self, now: float) -> None:
+        """Level-triggered: the serving plane makes its replicas match the reservations."""
+        if self.serving is None:
+            return
+        self.serving.reconcile(dict(self.reservations), frozenset(self._training_slots()), now)
+
     def _refresh_service(self, job: Job, now: float) -> Job:
         if job.service_at is None or job.replicas <= 0 or now <= job.service_at:
             return job
@@ -602,6 +727,8 @@ class Controller:
         for rep in live:
             by_job.setdefault(rep.job_id, []).append(rep)
         used = {(rep.node, rep.slot) for rep in live}
+        if self.serving is not None:  # a serving replica's slot is never a training one
+            used |= set(self.serving.occupied())
         free = {n.name: [s for s in range(n.gpus) if (n.name, s) not in used] for n in self._nodes}
         jobs = {j.id: j for j in self.store.list_jobs(states=ACTIVE)}
         packing = self.packing()
