@@ -465,8 +465,19 @@ def server(
             "replica past it is reported out of memory",
         ),
     ] = None,
+    colocation: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            show_default=False,
+            help="GPU sharing: measured co-location throughputs, JSON rows {a, b, a_fraction, "
+            "b_fraction} or CSV with that header (docs/hetero.md; e.g. "
+            "examples/colocation_gavel.json); jobs with a packing_key may then share a slot",
+        ),
+    ] = None,
 ) -> int:
     """Run the controller: the REST API, the dashboard and the scheduling loop."""
+    from coadapt.controller.colocation import load_colocation
     from coadapt.executors.gpu_types import parse_slots
     from coadapt.service import ServerOptions, serve
 
@@ -476,6 +487,7 @@ def server(
         print(f"coadapt server: {exc}", file=sys.stderr)
         return EXIT_INPUT
     try:
+        table = load_colocation(colocation) if colocation is not None else {}
         return serve(
             ServerOptions(
                 state_dir=resolve_state_dir(state_dir_),
@@ -501,6 +513,7 @@ def server(
                 run_as=run_as,
                 run_as_tenant=_tenant_users(run_as_tenant or []),
                 memory_per_slot=memory_per_slot,
+                colocation=table,
             )
         )
     except ControllerError as exc:

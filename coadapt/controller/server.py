@@ -15,7 +15,7 @@ import os
 import secrets
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +82,8 @@ class ServerOptions:
     run_as: str | None = None  # USER[:GROUP]; default nobody (root controller only)
     run_as_tenant: dict[str, str] = field(default_factory=dict)  # tenant -> USER[:GROUP]
     memory_per_slot: str | None = None  # e.g. "16G": per-replica limit (cgroup or RLIMIT_AS)
+    # GPU sharing: measured co-location figures (--colocation FILE, coadapt.controller.colocation)
+    colocation: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 def private_file(path: Path) -> None:

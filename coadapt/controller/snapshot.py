@@ -167,6 +167,7 @@ def job_facts(job: Job) -> JobFacts:
         allocation=job.held if holds_slots(job) else {},
         gpu_types=tuple(spec.gpu_types) if spec.gpu_types else None,
         goodput_by_type=goodput_by_type(job, model),
+        packing_key=spec.packing_key,
     )
 
 

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from coadapt import protocol
+from coadapt.controller.colocation import KEY_ACCEPTED, KEY_NAME, check_key
 from coadapt.controller.errors import SpecError
 from coadapt.controller.specfile import load_spec_file
 from coadapt.executors.gpu_types import TYPE_ACCEPTED, check_type_name
@@ -78,6 +79,9 @@ ACCEPTED: dict[str, str] = {
     "gpu_types": f"a list of 1-{MAX_GPU_TYPES} GPU type names the job may run on (e.g. "
     f"[a100, v100]; each {TYPE_ACCEPTED}, case-insensitive) that some node of the cluster "
     "has, or null for any",
+    "packing_key": f"the job's application or profile for GPU sharing ({KEY_ACCEPTED}), "
+    "a key of the controller's co-location table (coadapt server --colocation FILE), or null "
+    "(never shares a GPU)",
     "sparse": "a mapping: servers (integer in 1..64, shard servers kept for the job's "
     "lifetime), model (lr, fm, deepfm or widedeep: the tables follow it), dim (integer in "
     "1..1024), checkpoint_every_s (number > 0)",
@@ -267,6 +271,15 @@ class JobSpec(BaseModel):
             }
         ),
     ] = None
+    # GPU sharing: the key of the job's class in the co-location table (docs/hetero.md);
+    # None: never packed with another job. A key the table lacks is accepted (an event says
+    # the job never packs).
+    packing_key: Annotated[
+        str | None,
+        WithJsonSchema(
+            {"anyOf": [{"type": "string", "pattern": KEY_NAME.pattern}, {"type": "null"}]}
+        ),
+    ] = None
     # Inline schema (no $ref): the tuning API embeds this model's schema in its own.
     sparse: Annotated[SparseSection | None, WithJsonSchema(_SPARSE_SCHEMA)] = None
 
@@ -342,6 +355,11 @@ class JobSpec(BaseModel):
         if dup:
             raise ValueError(f"gpu_types names {', '.join(dup)} more than once")
         return v
+
+    @field_validator("packing_key", mode="before")
+    @classmethod
+    def _packing_key(cls, v: Any) -> Any:
+        return None if v is None else check_key(v)
 
     @field_validator("max_batch_size")
     @classmethod

@@ -21,6 +21,16 @@ derived from the attempt's run directory, so a restarted controller finds the ac
 group again (re-adoption), and :meth:`RayExecutor.retain` removes the groups of attempts that
 have ended (their actors go with them): rescale is checkpoint, release, new group.
 
+GPU sharing (a packed guest, ``docs/hetero.md``): every actor takes half of its bundle's slot
+resource (``num_gpus=0.5``, and half its CPUs), so the bundle still reserves a whole slot for
+the attempt but has room for one more actor. A launch whose every replica is on a (node, slot)
+that a running attempt of this process holds is a guest: its actors go into that attempt's
+bundles (Ray's fractional resources), so each lands on its host's node and gets its host's GPU
+from ``ray.get_gpu_ids()``, and no new group is made. The host's group then lives while a guest
+in it does (:meth:`RayExecutor.retain`); a guest's own actors are killed when it ends. Each
+guest actor knows its home group (its status replies carry it), so a restarted controller
+that adopts a guest learns where it lives before it releases any group.
+
 This is the only module that imports Ray (``pip install coadapt[ray]``).
 """
 
@@ -65,6 +75,10 @@ NODE_ID_LABEL = "ray.io/node-id"
 DEFAULT_NAMESPACE = "coadapt"
 _PR_SET_PDEATHSIG = 1
 _MASTER_TIMEOUT_S = 120.0  # a rank waits this long for rank 0's address (inside its actor)
+#: Each actor's share of its bundle: half, so a packed guest's actor fits beside it.
+SHARE = 0.5
+#: ``_Group.home`` of an adopted actor whose home group is not known yet.
+_UNKNOWN = "?"
 
 
 def group_key(run_dir: str) -> str:
@@ -98,6 +112,8 @@ class ReplicaRunner:
         self.proc: subprocess.Popen[bytes] | None = None
         self.code: int | None = None
         self.reason = ""
+        self.home: str | None = job.get("home")  # the group whose bundle it shares, if a guest
+        self.place = (job.get("node"), job.get("slot"))  # the controller's (node, slot)
         ip = ray.util.get_node_ip_address()
         if master is None:
             self.addr: tuple[str, int] = (ip, free_port(""))
@@ -152,6 +168,9 @@ class ReplicaRunner:
             "code": self.code,
             "reason": self.reason,
             "pid": self.proc.pid if self.proc is not None else None,
+            "home": self.home,
+            "node": self.place[0],
+            "slot": self.place[1],
         }
 
     def stop(self, force: bool) -> None:
@@ -174,15 +193,24 @@ class _Actor:
 
 @dataclass
 class _Group:
-    """What this controller process knows about one attempt's placement group."""
+    """What this controller process knows about one attempt's placement group (a guest's:
+    the group of its host, whose bundles it shares)."""
 
-    pg: PlacementGroup
+    pg: PlacementGroup | None  # None: an adopted guest whose home is not known yet
     seen: float  # monotonic time this process created (or first saw) the group
     ready_ref: Any
     ready: bool = False
     failed: str | None = None  # why the group was given up (EVICTED from then on)
     nodes: dict[int, str] = field(default_factory=dict)  # bundle index -> Ray node id
     actors: dict[int, _Actor] = field(default_factory=dict)
+    # GPU sharing: a guest's home (its host's group key; _UNKNOWN until an adopted guest's
+    # actor says) and the bundle each of its ranks shares (rank i: bundle i when its own).
+    home: str | None = None
+    bundles: dict[int, int] = field(default_factory=dict)
+    run_dir: str = ""  # the attempt's (a guest's actors are found by name from it)
+
+    def bundle(self, rank: int) -> int:
+        return self.bundles.get(rank, rank)
 
 
 def node_gpu_type(resources: Mapping[str, float]) -> str:
@@ -196,7 +224,8 @@ class RayExecutor:
     """Runs each attempt as a gang of actors in one placement group on a Ray cluster."""
 
     name = "ray"
-    shares_slots = False  # a placement-group bundle holds its GPU alone
+    shares_slots = True  # a guest's actor takes the other half of its host's bundle
+    scan_interval = 10.0  # seconds between scans for groups an earlier controller left
 
     def __init__(
         self,
@@ -233,6 +262,10 @@ class RayExecutor:
                 raise ExecutorError(f"cannot connect to Ray at {where}: {exc}") from exc
         self._runner = ray.remote(ReplicaRunner)
         self._groups: dict[str, _Group] = {}
+        # (node, slot) -> (group key, bundle index) of the attempt launched there last: where
+        # a later launch on the same slots is a packed guest.
+        self._holders: dict[tuple[str, int], tuple[str, int]] = {}
+        self._probed: set[str] = set()  # kept run dirs already looked up (retain)
         self._node_ids: dict[str, str] = {}  # node name -> Ray node id
         self._dead_ids: set[str] = set()
         self._inventory: list[NodeInventory] = []
@@ -286,6 +319,7 @@ class RayExecutor:
         return bundle
 
     def _actor_options(self, pg: PlacementGroup, index: int, name: str) -> dict[str, Any]:
+        """Half of bundle ``index`` (:data:`SHARE`): the other half is a packed guest's."""
         opts: dict[str, Any] = {
             "name": name,
             "namespace": self.namespace,
@@ -297,14 +331,34 @@ class RayExecutor:
             ),
         }
         if self.slot_resource == "GPU":
-            opts["num_gpus"] = 1
+            opts["num_gpus"] = SHARE
         elif self.slot_resource == "CPU":
-            opts["num_cpus"] = 1
+            opts["num_cpus"] = SHARE
         else:
-            opts["resources"] = {self.slot_resource: 1.0}
+            opts["resources"] = {self.slot_resource: SHARE}
         if self.cpus_per_replica > 0 and self.slot_resource != "CPU":
-            opts["num_cpus"] = self.cpus_per_replica
+            opts["num_cpus"] = self.cpus_per_replica * SHARE
         return opts
+
+    def _home_of(self, specs: Sequence[ReplicaSpec]) -> tuple[str, list[int]] | None:
+        """The running group whose bundles hold every spec's (node, slot), one bundle each,
+        with the bundles by rank: the launch is then a packed guest's (None: it is not)."""
+        held = [self._holders.get((s.node, s.slot)) for s in specs]
+        keys = {h[0] for h in held if h is not None}
+        if None in held or len(keys) != 1:
+            return None
+        key = keys.pop()
+        bundles = [h[1] for h in held if h is not None]
+        host = self._groups.get(key)
+        if host is None or host.failed is not None or host.home is not None:
+            return None
+        if len(set(bundles)) != len(bundles):
+            return None
+        for b in bundles:  # the host's replica in each bundle still runs
+            actor = host.actors.get(b)
+            if actor is None or actor.final is not None:
+                return None
+        return key, bundles
 
     def launch_group(self, specs: Sequence[ReplicaSpec]) -> list[ReplicaHandle | ExecutorError]:
         """Create the attempt's placement group and its actors; returns at once."""
@@ -321,18 +375,35 @@ class RayExecutor:
             err = ExecutorError(f"not in the Ray cluster: node(s) {', '.join(missing)}")
             return [err] * len(specs)
         key = group_key(run_dir)
+        home = self._home_of(specs)
         try:
-            pg = placement_group(
-                [self._bundle() for _ in specs],
-                strategy="PACK",
-                name=f"coadapt-{key}",
-                lifetime="detached",
-                bundle_label_selector=[{NODE_ID_LABEL: self._node_ids[s.node]} for s in specs],
-            )
-            group = _Group(pg=pg, seen=time.monotonic(), ready_ref=pg.ready())
+            if home is not None:  # a packed guest: into its host's bundles
+                host = self._groups[home[0]]
+                if host.pg is None:  # not reached: a host's group is its own (_home_of)
+                    raise ExecutorError(f"host group {home[0]} has no placement group")
+                pg = host.pg
+                group = _Group(
+                    pg=pg,
+                    seen=time.monotonic(),
+                    ready_ref=host.ready_ref,
+                    ready=host.ready,
+                    nodes=dict(host.nodes),
+                    home=home[0],
+                    bundles={s.rank: b for s, b in zip(specs, home[1], strict=True)},
+                    run_dir=run_dir,
+                )
+            else:
+                pg = placement_group(
+                    [self._bundle() for _ in specs],
+                    strategy="PACK",
+                    name=f"coadapt-{key}",
+                    lifetime="detached",
+                    bundle_label_selector=[{NODE_ID_LABEL: self._node_ids[s.node]} for s in specs],
+                )
+                group = _Group(pg=pg, seen=time.monotonic(), ready_ref=pg.ready(), run_dir=run_dir)
             self._groups[key] = group
             master = actor_name(run_dir, 0)
-            for i, spec in enumerate(specs):
+            for spec in specs:
                 name = actor_name(run_dir, spec.rank)
                 job = {
                     "argv": list(spec.argv),
@@ -342,8 +413,12 @@ class RayExecutor:
                     "gpus": self.uses_gpus(),
                     # Only what coadapt (or the job spec) set: the node keeps its own PATH etc.
                     "overlay": {k: v for k, v in spec.env.items() if os.environ.get(k) != v},
+                    "home": group.home,
+                    "node": spec.node,
+                    "slot": spec.slot,
                 }
-                handle = self._runner.options(**self._actor_options(pg, i, name)).remote(
+                opts = self._actor_options(pg, group.bundle(spec.rank), name)
+                handle = self._runner.options(**opts).remote(
                     job, None if spec.rank == 0 else master, self.namespace
                 )
                 group.actors[spec.rank] = _Actor(handle=handle)
@@ -351,11 +426,15 @@ class RayExecutor:
             self._release(key)
             err = ExecutorError(f"cannot create the placement group: {exc}")
             return [err] * len(specs)
+        if home is None:
+            for i, spec in enumerate(specs):
+                self._holders[spec.node, spec.slot] = (key, i)
         return [ReplicaHandle(0, None, run_dir, s.rank) for s in specs]
 
     # -- observe --------------------------------------------------------------------------
     def _group(self, run_dir: str) -> _Group | None:
-        """The attempt's group, adopting one created by an earlier controller process."""
+        """The attempt's group, adopting one created by an earlier controller process (a
+        packed guest's: found by its actor, its home learnt from the actor's first reply)."""
         key = group_key(run_dir)
         group = self._groups.get(key)
         if group is not None:
@@ -363,10 +442,19 @@ class RayExecutor:
         try:
             pg = get_placement_group(f"coadapt-{key}")
         except ValueError:
-            return None
+            try:  # no group of its own: a guest in its host's group, if its actor lives
+                ray.get_actor(actor_name(run_dir, 0), namespace=self.namespace)
+            except ValueError:
+                return None
+            group = _Group(
+                pg=None, seen=time.monotonic(), ready_ref=None, ready=True, home=_UNKNOWN
+            )
+            group.run_dir = run_dir
+            self._groups[key] = group
+            return group
         if placement_group_table(pg).get("state") == "REMOVED":
             return None
-        group = _Group(pg=pg, seen=time.monotonic(), ready_ref=pg.ready())
+        group = _Group(pg=pg, seen=time.monotonic(), ready_ref=pg.ready(), run_dir=run_dir)
         self._groups[key] = group
         return group
 
@@ -385,9 +473,24 @@ class RayExecutor:
             if not done:
                 return False
             group.ready = True
+            if group.pg is None:
+                return True
             table = placement_group_table(group.pg)
             group.nodes = {int(i): str(n) for i, n in table.get("bundles_to_node_id", {}).items()}
         return True
+
+    def _learn(self, handle: ReplicaHandle, group: _Group, reply: Any) -> None:
+        """What an adopted actor's status reply tells: a guest's home group, and the (node,
+        slot) a host's rank holds (so a guest launched after a controller restart still
+        finds its host's bundle)."""
+        if not isinstance(reply, dict):
+            return
+        if group.home == _UNKNOWN:
+            group.home = reply.get("home")
+        node, slot = reply.get("node"), reply.get("slot")
+        if group.home is None and isinstance(node, str) and isinstance(slot, int):
+            place = (group_key(handle.run_dir), group.bundle(handle.rank))
+            self._holders.setdefault((node, slot), place)
 
     def poll(self, handle: ReplicaHandle) -> ReplicaStatus:
         group = self._group(handle.run_dir)
@@ -414,6 +517,8 @@ class RayExecutor:
                     actor_name(handle.run_dir, handle.rank), namespace=self.namespace
                 )
             except ValueError:
+                if group.home == _UNKNOWN:
+                    group.home = None
                 actor.final = ReplicaStatus(ReplicaPhase.LOST, None, "replica actor not found")
                 return actor.final
         if actor.pending is None:
@@ -423,8 +528,11 @@ class RayExecutor:
             ref, actor.pending = actor.pending, None
             try:
                 actor.last = ray.get(ref, timeout=0)
+                self._learn(handle, group, actor.last)
             except ray.exceptions.RayActorError as exc:
-                node = group.nodes.get(handle.rank)
+                if group.home == _UNKNOWN:  # a dead guest holds no home: retain may go on
+                    group.home = None
+                node = group.nodes.get(group.bundle(handle.rank))
                 if self._node_dead(node) or "node has died" in str(exc):
                     nid = (node or "?")[:8]
                     actor.final = ReplicaStatus(
@@ -475,10 +583,15 @@ class RayExecutor:
     # -- release --------------------------------------------------------------------------
     def _release(self, key: str, forget: bool = True) -> None:
         """Remove the group (Ray kills the actors in it; their children follow by
-        PDEATHSIG)."""
+        PDEATHSIG); a guest's own actors only, its host's group is not its to remove."""
         group = self._groups.get(key)
         if forget:
             self._groups.pop(key, None)
+            for slot in [s for s, (k, _) in self._holders.items() if k == key]:
+                del self._holders[slot]
+        if group is not None and group.home is not None:
+            self._kill_guest(group)
+            return
         pg = group.pg if group is not None else None
         if pg is None:
             try:
@@ -488,13 +601,37 @@ class RayExecutor:
         with contextlib.suppress(Exception):  # already removed, or the GCS is away: retried
             remove_placement_group(pg)
 
+    def _kill_guest(self, group: _Group) -> None:
+        """End a guest's actors (they live in its host's group, which stays); each rank the
+        loop polled is known, rank 0 at least is looked up by name."""
+        for rank in sorted(set(group.actors) | set(group.bundles) | {0}):
+            actor = group.actors.get(rank)
+            handle = actor.handle if actor is not None else None
+            with contextlib.suppress(Exception):  # gone already, or the GCS is away
+                if handle is None:
+                    handle = ray.get_actor(
+                        actor_name(group.run_dir, rank), namespace=self.namespace
+                    )
+                ray.kill(handle, no_restart=True)
+
     def retain(self, run_dirs: Collection[str]) -> None:
-        """Remove the groups of attempts that have no live replica left."""
+        """Remove the groups of attempts that have no live replica left, except a host's
+        group while a packed guest lives in it. While an adopted guest has not yet said
+        where it lives, nothing is removed (its home might be any group)."""
+        self._probed &= set(run_dirs)
+        for d in run_dirs:  # adopt kept attempts first: a guest among them holds its home
+            if group_key(d) not in self._groups and d not in self._probed:
+                self._probed.add(d)
+                self._group(d)
         keep = {group_key(d) for d in run_dirs}
+        homes = {g.home for k, g in self._groups.items() if k in keep and g.home is not None}
+        if _UNKNOWN in homes:
+            return
+        keep |= {h for h in homes if h is not None}
         for key in [k for k in self._groups if k not in keep]:
             self._release(key)
         now = time.monotonic()
-        if now - self._scanned_at < 10.0:
+        if now - self._scanned_at < self.scan_interval:
             return
         self._scanned_at = now
         # Groups this process never saw (an earlier controller's): only our namespace's.

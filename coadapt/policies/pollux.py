@@ -787,7 +787,9 @@ class PolluxPolicy(PolluxUnawarePolicy):
             typed = TypedPollux(snap, self.problem, solve, self.levers, polish=polish_pairs)
             allocs, fit = typed.run()
             held, one_gpu, term = typed.speedups, typed.one_gpu, typed.term
-        packed = choose_packing(snap, allocs, held, one_gpu, term, previous)
+        # The original snapshot: whether a guest stays on its GPU is read from its current
+        # allocation, which ``snap`` hides (without it a young packed pair is split up).
+        packed = choose_packing(snapshot, allocs, held, one_gpu, term, previous)
         for guest, host in packed.items():
             allocs[guest] = allocs[host]
         diagnostics = {"fitness": fit, "packed": float(len(packed))}

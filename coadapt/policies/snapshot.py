@@ -57,6 +57,7 @@ class JobFacts:
     allocation: Mapping[str, int] = field(default_factory=dict)
     gpu_types: tuple[str, ...] | None = None
     goodput_by_type: Mapping[str, GoodputModel] | None = None
+    packing_key: str | None = None  # GPU sharing: the job's class in the co-location table
 
 
 def allocation_tuple(per_node: Mapping[str, int], nodes: Sequence[NodeInfo]) -> Allocation:
@@ -94,6 +95,7 @@ def job_info(facts: JobFacts, total_gpus: int, now: float) -> JobInfo:
         priority=facts.priority,
         gpu_types=facts.gpu_types,
         goodput_by_type=facts.goodput_by_type,
+        packing_key=facts.packing_key,
     )
 
 

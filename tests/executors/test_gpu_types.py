@@ -171,7 +171,7 @@ def test_ray_nodes_carry_their_accelerator_type() -> None:
             ]
 
     ex = Listed(init=False)
-    assert not ex.shares_slots and ex.slot_resource == "GPU"
+    assert ex.shares_slots and ex.slot_resource == "GPU"  # a guest takes half a bundle
     assert [(n.slots, n.gpu_type) for n in ex.nodes()] == [(4, "a100"), (2, "t4")]
     assert ray_executor.node_gpu_type({"CPU": 8.0}) == DEFAULT_GPU_TYPE
 
