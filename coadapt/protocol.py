@@ -494,6 +494,7 @@ class EventKind(StrEnum):
     TUNE_PRUNED = "tune-pruned"
     TUNE_PREEMPTED = "tune-preempted"
     TUNE_RETRY = "tune-retry"
+    DEPLOY = "deploy"  # a deployment's gateway or replicas started, ready, drained, stopped
 
 
 class CancelCause(StrEnum):

@@ -42,6 +42,11 @@ from coadapt.controller.server import (
 )
 from coadapt.controller.spec import JobSpec
 from coadapt.controller.store import Store
+from coadapt.deploy.api import deploy_router
+from coadapt.deploy.metrics import DeploymentCollector
+from coadapt.deploy.plane import DeploymentPlane
+from coadapt.deploy.spec import DeploymentSpec
+from coadapt.deploy.store import DeploymentStore
 from coadapt.executors import Executor, ExecutorError, create_executor
 from coadapt.policies import POLICY_NAMES, make_policy
 from coadapt.registry.api import PromoteIn, registry_router
@@ -74,9 +79,12 @@ def create_app(ctx: ApiContext, registry: RegistryRunner | None = None) -> FastA
             ctx.store, ctx.clock, state_dir=ctx.state_dir, jobs_dir=ctx.jobs_dir
         )
     app.include_router(registry_router(registry, auth))
+    deploys = DeploymentStore(ctx.store)
+    app.include_router(deploy_router(deploys, registry.registry, ctx.clock, auth, ctx.on_change))
+    app.state.metrics_registry.register(DeploymentCollector(deploys))
     mount_dashboard(app, ctx, auth)
     install_docs(app)
-    install_openapi(app, [JobSpec, ExperimentSpec, TenantIn, ModelSpec, PromoteIn])
+    install_openapi(app, [JobSpec, ExperimentSpec, TenantIn, ModelSpec, PromoteIn, DeploymentSpec])
     return app
 
 
@@ -140,8 +148,21 @@ def build(
         seed=options.seed,
         metrics_base_url=f"http://{host}:{options.port}",
         shared_dir=shared_dir,
+        colocation=dict(options.colocation),
     )
-    controller = Controller(store, executor, make_policy(options.policy), config, clock)
+    if options.colocation and not executor.shares_slots:
+        log.warning(
+            "--colocation: executor %s cannot share a slot between two jobs; the co-location "
+            "table is ignored and no job is packed",
+            executor.name,
+        )
+    # Deployments (issue 17): their gateways and replicas, scheduled beside training.
+    plane = DeploymentPlane(
+        DeploymentStore(store), executor, state_dir, options.stop_grace, jobs_dir=jobs_root
+    )
+    controller = Controller(
+        store, executor, make_policy(options.policy), config, clock, serving=plane
+    )
     tuner = TuneRunner(
         store, lambda: controller.slots, options.tune_policy, clock, on_change=controller.poke
     )
@@ -176,6 +197,8 @@ def build(
         gpu_types=lambda: {n.name: n.gpu_type for n in controller.nodes},
         isolation=isolation.describe(),
         admit_tenant=guard,
+        packing_keys=frozenset(k for pair in options.colocation for k in pair),
+        shares_slots=executor.shares_slots,
     )
     app = create_app(ctx, registry)
 

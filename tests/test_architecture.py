@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("coadapt.sim", "coadapt.serve"),  # the simulator runs the policies; serving
     ("coadapt.controller",),  # store, loop, API, dashboard
     # tuning on top of the controller's store and job specs; the model registry beside it
-    ("coadapt.tune", "coadapt.registry"),
+    ("coadapt.tune", "coadapt.registry", "coadapt.deploy"),
     ("coadapt.service",),  # the composition root
     ("coadapt.cli",),  # the one CLI package
 )
@@ -136,6 +136,7 @@ SESSION_OWNERS = {
     "coadapt.controller.db",
     "coadapt.tune.store",
     "coadapt.registry.store",
+    "coadapt.deploy.store",
 }
 
 

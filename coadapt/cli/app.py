@@ -59,6 +59,12 @@ def _model() -> typer.Typer:
     return model.app
 
 
+def _deploy() -> typer.Typer:
+    from coadapt.cli import deploy
+
+    return deploy.app
+
+
 def _run_local() -> typer.Typer:
     from coadapt.cli import run_local
 
@@ -91,6 +97,7 @@ COMMANDS: dict[str, Entry] = {
     "tune": Entry(_tune, "Multi-tenant hyper-parameter tuning experiments.", TUNING),
     "serve": Entry(_serve, "Serve trained models (versions, batching, hot swap).", SERVING),
     "model": Entry(_model, "Model registry: versions, gates, promote, rollback.", SERVING),
+    "deploy": Entry(_deploy, "Deployments: serve a model within a latency SLO.", SERVING),
     "run-local": Entry(_run_local, "Run K replicas of a training script here.", OFFLINE),
     "simulate": Entry(_sim, "Replay a workload on a simulated cluster.", OFFLINE),
     "demo": Entry(_demo, "Run real jobs on a local controller (or replay a trace).", OFFLINE),

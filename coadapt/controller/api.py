@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coadapt import __version__
+from coadapt.controller.colocation import packing_note
 from coadapt.controller.dashboard.series import is_series, record_series
 from coadapt.controller.errors import (
     ControllerError,
@@ -101,6 +102,10 @@ class ApiContext:
     admit_tenant: Callable[[], None] = lambda: None
     # Node name -> GPU type as the loop saw it last; None (or a node missing): the default.
     gpu_types: Callable[[], Mapping[str, str]] | None = None
+    # GPU sharing: the keys of the co-location table, and whether the executor can share a
+    # slot (a job whose packing_key cannot pack gets an event at submit saying why).
+    packing_keys: frozenset[str] = frozenset()
+    shares_slots: bool = True
 
     def node_types(self) -> list[tuple[str, int, str]]:
         """The current inventory as (name, slots, GPU type)."""
@@ -299,6 +304,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         parsed = parse_spec(spec)
         check_cluster_types(parsed, [t for _, _, t in ctx.node_types()])
         job = store.create_job(me, parsed, ctx.clock())
+        if note := packing_note(parsed.packing_key, ctx.packing_keys, ctx.shares_slots):
+            store.add_event(job.id, EventKind.SUBMITTED, note, ctx.clock())
         ctx.on_change()
         return job_view(job, {me.id: me.name})
 
@@ -455,6 +462,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         }
 
     registry = metrics_registry(store, ctx.total_slots, ctx.node_types)
+    app.state.metrics_registry = registry  # packages above add their collectors
 
     @app.get("/metrics", tags=["meta"], response_class=Response, responses=error_responses(403))
     def prometheus_metrics(me: Auth) -> Response:

@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Callable
 from typing import IO, Any
+from urllib.parse import quote
 
 import httpx
 
@@ -184,6 +185,22 @@ class Client:
 
     def create_tenant(self, name: str) -> dict[str, Any]:
         return dict(self.request("POST", "/api/v1/tenants", json={"name": name}))
+
+    # deployments (coadapt.deploy.api)
+    def create_deployment(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.request("POST", "/api/v1/deployments", json=spec)["deployment"])
+
+    def deployments(self, live: bool = True) -> list[dict[str, Any]]:
+        params = {"live": "true" if live else "false"}
+        return list(self.request("GET", "/api/v1/deployments", params=params)["deployments"])
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        """``{"deployment": {...}, "replicas": [...]}``."""
+        return dict(self.request("GET", f"/api/v1/deployments/{quote(name, safe='')}"))
+
+    def delete_deployment(self, name: str) -> dict[str, Any]:
+        path = f"/api/v1/deployments/{quote(name, safe='')}"
+        return dict(self.request("DELETE", path)["deployment"])
 
     def healthy(self) -> bool:
         try:

@@ -35,6 +35,7 @@ VERSION_LOCATIONS: tuple[Path, ...] = (
     MIGRATIONS / "versions",
     MIGRATIONS.parents[1] / "tune" / "migrations" / "versions",
     MIGRATIONS.parents[1] / "registry" / "migrations" / "versions",  # coadapt.registry
+    MIGRATIONS.parents[1] / "deploy" / "migrations" / "versions",  # coadapt.deploy
 )
 
 #: Our Alembic version table. Not Alembic's default ``alembic_version``: Optuna's RDBStorage

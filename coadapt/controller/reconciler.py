@@ -356,6 +356,8 @@ class Controller:
         for job_id in self._server_jobs:
             root = JobLayout(self.job_dir(job_id) / _SPARSE)
             keep.update(str(d) for d in root.servers_dir.glob("run-*"))
+        if self.serving is not None:  # serving replicas are not the loop's rows
+            keep |= set(self.serving.run_dirs())
         try:
             self.executor.retain(keep)
         except ExecutorError as exc:
@@ -544,6 +546,8 @@ class Controller:
         if not deployments:
             self.reservations = {}
         if not jobs and not deployments:
+            if self.packing():  # the last packed pair ended: nothing is shared any more
+                self.store.meta_set(PACKING_KEY, "{}")
             return {}
         # Attained service up to now, so the policy sees current figures (Tiresias' LAS).
         jobs = [self._refresh_service(j, now) for j in jobs]

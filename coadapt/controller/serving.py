@@ -54,6 +54,11 @@ class ServingPlane(Protocol):
         stopping): training never launches onto them."""
         ...
 
+    def run_dirs(self) -> Set[str]:
+        """Run directories of replicas that may be alive, which the loop keeps when it tells
+        the executor to release finished attempts (on Ray, placement groups)."""
+        ...
+
     def reconcile(
         self, reservations: Mapping[str, Reservation], busy: Set[Slot], now: float
     ) -> None:

@@ -62,6 +62,9 @@ class ReplicaSpec:
     slot: int  # which slot (GPU index, or CPU slot number) on its node the replica occupies
     env: Mapping[str, str] = field(default_factory=dict)  # full environment of the replica
     node: str = "local"  # the inventory node the policy placed this replica on
+    # Trees the replica must read that confinement would hide (a served model's version
+    # root): bound back read-only in a mount namespace; nothing else changes.
+    expose: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class Executor(Protocol):
 
     name: str
     # Whether two replicas (of two jobs) may share one slot: GPU sharing, the policy's
-    # ``Decision.packed``. An executor that cannot (a Ray bundle holds its GPU alone) leaves
+    # ``Decision.packed``. An executor that cannot (its replicas hold their slots alone) leaves
     # a packed guest pending until the policy gives it slots of its own.
     shares_slots: bool
 

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from coadapt.executors._proc import proc_start_ticks, proc_state
@@ -250,6 +251,8 @@ class LocalExecutor:
         if self.isolation.active:
             tenant = spec.env.get(ENV_TENANT)
             conf = self.isolation.confinement(spec.job_id, tenant, spec.cwd)
+            if conf.namespace and spec.expose:
+                conf = replace(conf, expose=(*conf.expose, *spec.expose))
             self._hand_over(spec, conf.uid, conf.gid)
             argv += ["--sandbox", conf.to_json()]
         zygote = self.warm_zygote(spec, conf)

@@ -29,7 +29,9 @@ REASONS = {
     422: "Unprocessable Content",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    502: "Bad Gateway",
     503: "Service Unavailable",
+    504: "Gateway Timeout",
 }
 
 
@@ -39,6 +41,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""  # what followed "?" in the request target (without it)
 
 
 @dataclass
@@ -143,8 +146,9 @@ class HttpProtocol(asyncio.Protocol):
         conn = headers.get("connection", "").lower()
         keep = conn != "close" and (version == "HTTP/1.1" or conn == "keep-alive")
         self._busy = True
+        target, _, query = path.partition("?")
         task: asyncio.Task[Response] = asyncio.get_running_loop().create_task(
-            self._handler(Request(method, path.split("?", 1)[0], headers, body))
+            self._handler(Request(method, target, headers, body, query))
         )
         task.add_done_callback(lambda t: self._done(t, keep))
 

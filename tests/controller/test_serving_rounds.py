@@ -50,6 +50,9 @@ class StandInPlane:
     def occupied(self) -> Set[Slot]:
         return set().union(*self.held.values()) if self.held else set()
 
+    def run_dirs(self) -> Set[str]:
+        return set()
+
     def reconcile(
         self, reservations: Mapping[str, Reservation], busy: Set[Slot], now: float
     ) -> None:

@@ -27,6 +27,7 @@ from coadapt.controller.models import Base
 from coadapt.controller.spec import parse_spec
 from coadapt.controller.states import JobState
 from coadapt.controller.store import Store
+from coadapt.deploy import tables as deploy_tables
 from coadapt.protocol import CancelCause
 from coadapt.registry import tables as registry_tables
 from coadapt.tune import tables as tune_tables
@@ -44,6 +45,7 @@ def test_migration_from_empty_database_matches_the_models(db_url: str) -> None:
             # The tuning tables (coadapt.tune.tables) share the controller's metadata.
             assert tune_tables.TrialRow.metadata is Base.metadata
             assert registry_tables.VersionRow.metadata is Base.metadata  # so are the registry's
+            assert deploy_tables.DeploymentRow.metadata is Base.metadata  # and deployments'
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
             diff = compare_metadata(context, Base.metadata)
         assert diff == [], f"models and migrations disagree: {diff}"

@@ -337,16 +337,18 @@ function clusterPage(root) {
   const nodesBox = h('div', { class: 'nodes' });
   const utilBox = h('div');
   const jobsBox = h('div', { class: 'scroll' });
+  const deployBox = h('div', { class: 'scroll' }); // deploy.js fills it
   const msg = h('div');
   const sel = h('select', { id: 'util-window', onchange: () => { window_s = Number(sel.value); tick(page); } },
     [[300, 'last 5 min'], [1800, 'last 30 min'], [7200, 'last 2 h'], [86400, 'last 24 h']].map(([v, t]) => h('option', { value: v, selected: v === window_s }, t)));
   root.append(h('h1', null, 'Cluster'), msg, cards,
     h('div', { class: 'panel' }, h('h2', null, 'Nodes and slots ', h('span', { class: 'sub' }, 'who holds each slot now; other tenants are anonymised')), nodesBox),
     h('div', { class: 'panel' }, h('h2', null, 'Utilisation ', sel), utilBox),
-    h('div', { class: 'panel' }, h('h2', null, 'Active jobs'), jobsBox));
+    h('div', { class: 'panel' }, h('h2', null, 'Active jobs'), jobsBox),
+    h('div', { class: 'panel', id: 'deployments-panel' }, h('h2', null, 'Deployments ', h('span', { class: 'sub' }, 'serving replicas share the slots with training')), deployBox));
   const page = {
     async refresh() {
-      const [cl, ui] = await Promise.all([api('/api/v1/cluster'), api(`/api/v1/ui/cluster?window=${window_s}`)]);
+      const [cl, ui, sv] = await Promise.all([api('/api/v1/cluster'), api(`/api/v1/ui/cluster?window=${window_s}`), servingData()]);
       msg.replaceChildren();
       const running = cl.jobs.filter((j) => j.state === 'RUNNING' || j.state === 'RESCALING').length;
       const pending = cl.jobs.filter((j) => j.state === 'PENDING').length;
@@ -359,13 +361,14 @@ function clusterPage(root) {
         card('rounds', isNum(round.count) ? round.count : '—', isNum(round.at) ? 'last ' + clock(round.at) : ''));
       // nodes: the API's inventory, plus any node only the replica rows name
       const nodes = new Map((cl.nodes || []).map((n) => [n.name, { name: n.name, slots: n.slots, gpu_type: n.gpu_type, held: [] }]));
-      for (const r of ui.replicas) {
+      for (const r of [...ui.replicas, ...servingSlots(sv)]) {
         if (!nodes.has(r.node)) nodes.set(r.node, { name: r.node, slots: 0, held: [] });
         const n = nodes.get(r.node);
         n.held.push(r);
         n.slots = Math.max(n.slots, r.slot + 1);
       }
       nodesBox.replaceChildren(...[...nodes.values()].map(nodeCard));
+      deployBox.replaceChildren(sv ? deploymentsTable(sv.deployments) : h('div', { class: 'empty' }, 'no deployment routes on this controller'));
       if (!nodes.size) nodesBox.append(h('div', { class: 'empty' }, 'no nodes'));
       const series = ui.utilisation.jobs.map((s) => ({
         label: s.other ? 'other tenants' : s.name, colour: s.other ? OTHER : jobColour(s.job_id), points: s.points, step: true, other: s.other,
@@ -400,6 +403,7 @@ function nodeCard(n) {
   for (let i = 0; i < n.slots; i++) {
     const r = bySlot.get(i);
     if (!r) slots.push(h('div', { class: 'slot free', 'data-slot': i }, h('span', { class: 'idx' }, '#' + i), h('span', { class: 'nm' }, 'free')));
+    else if (r.serving) slots.push(servingSlotCard(i, r)); // deploy.js
     else if (r.other) slots.push(h('div', { class: 'slot other ' + r.status, 'data-slot': i, title: 'held by another tenant' }, h('span', { class: 'idx' }, '#' + i), h('span', { class: 'nm' }, 'other tenant')));
     else slots.push(h('a', { class: 'slot ' + r.status, 'data-slot': i, href: '#/jobs/' + encodeURIComponent(r.job_id), style: { background: jobColour(r.job_id) }, title: `${r.name} (${r.job_id}) rank ${r.rank}, ${r.status}` },
       h('span', { class: 'idx' }, `#${i} · rank ${r.rank}`), h('span', { class: 'nm' }, r.name), h('span', { class: 'idx' }, r.tenant), sharing.get(i) > 1 ? h('span', { class: 'idx shared' }, `shared by ${sharing.get(i)} jobs`) : null));

@@ -1,0 +1,1 @@
+"""The deployments' Alembic branch (``deploy``); its revisions are in ``versions/``."""
