@@ -21,7 +21,10 @@ then one summary row per system (``round`` null: the median over rounds) with ``
 ratios. ``--ctr`` adds the sparse CTR rows (``ctr-...``: 200 x 500 latency and the QPS at which
 p99 <= 10 ms holds, full / 1 % incremental version publish + gate + load, p99 during a live
 delta, memory per row, train-to-serve freshness; ``benchmarks/serve/ctr.py``, sized by
-``--ctr-rows``); ``--ctr-only`` runs just those (no wrk, no peers).
+``--ctr-rows``), then the same model served from ``--ctr-table-shards N`` table-shard processes
+in the same run (``ctr-sharded<N>-...``: RSS per process vs the unsharded worker, latency per
+rate, p99 during a live delta; ``--ctr-table-shards 0`` skips them); ``--ctr-only`` runs just
+those (no wrk, no peers).
 Peers run from a separate virtual environment (``--peers-venv``) holding the
 ``bench-serve`` extra (torch, ray[serve], litserve, torchserve), never in coadapt's own; each
 peer gets the same two cores' worth of workers (2 replicas / workers, 1 torch thread each),

@@ -16,7 +16,11 @@ process stopped by PID):
 4. **Incremental version**: changes 1 % of the rows on the shards (half updated by a push,
    half new), publishes a delta, gates it and times until it is live; then the same again
    under a steady load, comparing server-side p99 during the apply with the steady p99.
-5. **Freshness**: an online-training job (``coadapt.sparse.online``: FM, dim 8, two shard
+5. **Table shards** (``--ctr-table-shards N``, default 2; 0 skips): the same root served by a
+   server whose tables live on N table-shard processes (:mod:`coadapt.serve.table_shards`):
+   time until served from the files, RSS of every worker and shard process vs the unsharded
+   worker's, latency at each rate, p99 while a delta goes live (rows ``ctr-sharded<N>-...``).
+6. **Freshness**: an online-training job (``coadapt.sparse.online``: FM, dim 8, two shard
    servers) tails a growing Criteo file and publishes an incremental version every
    ``--fresh-publish-s``; a server serves them. A feature value never seen before is planted
    (lines appended at T0); a probe request carries it in one item and an unseen control value
@@ -73,6 +77,7 @@ class Served:
     proc: subprocess.Popen[bytes]
     port: int
     workers: list[int]
+    shards: list[int]  # table-shard processes (--table-shards), else empty
 
     def get(self, path: str) -> tuple[int, bytes]:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -100,9 +105,9 @@ class Served:
             time.sleep(0.02)
         raise TimeoutError(f"workers did not reach version {version}: {self.versions()}")
 
-    def rss(self) -> list[int]:
+    def rss(self, pids: list[int] | None = None) -> list[int]:
         out = []
-        for pid in self.workers:
+        for pid in self.workers if pids is None else pids:
             try:
                 text = Path(f"/proc/{pid}/status").read_text()
                 out.append(int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) * 1024)  # type: ignore[union-attr]
@@ -120,7 +125,9 @@ class Served:
                 self.proc.wait()
 
 
-def start_server(root: Path, workers: int, log: Path, poll_s: float = 0.05) -> Served:
+def start_server(
+    root: Path, workers: int, log: Path, poll_s: float = 0.05, table_shards: int = 0
+) -> Served:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -140,6 +147,8 @@ def start_server(root: Path, workers: int, log: Path, poll_s: float = 0.05) -> S
         str(8 << 20),
         "--slo-ms",
         "20",
+        "--table-shards",
+        str(table_shards),
     ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "ab"))  # noqa: SIM115
     assert proc.stdout is not None
@@ -149,7 +158,7 @@ def start_server(root: Path, workers: int, log: Path, poll_s: float = 0.05) -> S
         os.kill(proc.pid, signal.SIGTERM)
         raise RuntimeError(f"coadapt serve did not start; see {log}")
     doc = json.loads(line)
-    return Served(proc, int(doc["port"]), list(doc["workers"]))
+    return Served(proc, int(doc["port"]), list(doc["workers"]), list(doc.get("table_shards", [])))
 
 
 # ----------------------------------------------------------------------------- load
@@ -359,35 +368,10 @@ def run_big(
                     }
                 )
                 log(json.dumps(out[-1]))
-                from coadapt.serve import codec
 
                 body = ctr_body(rows_total, rng)
-                open_loop(srv.port, body, codec.BINARY, 20, 2.0)  # warm up
-                best = None
-                for r in args.ctr_rates:
-                    row = summarize(
-                        open_loop(srv.port, body, codec.BINARY, r, args.ctr_duration),
-                        f"ctr-200x500-r{r:g}",
-                    )
-                    row.update(
-                        rate=r,
-                        rows=rows_total,
-                        dim=dim,
-                        workers=args.ctr_workers,
-                        load_avg=round(os.getloadavg()[0], 2),
-                    )
-                    row["slo_met"] = row["p99_ms"] <= 10.0 and row["errors"] == 0
-                    out.append(row)
-                    log(json.dumps(row))
-                    if row["slo_met"]:
-                        best = row
-                out.append(
-                    {
-                        **(best or out[-1]),
-                        "name": "ctr-200x500",
-                        "qps_at_p99_10ms": best["rate"] if best else None,
-                    }
-                )
+                rate_rows, best = sweep(srv, body, args, "ctr-200x500", log)
+                out += rate_rows
                 # an incremental version: 1 % of the rows, then live
                 nxt = rows_total + 1
                 t0 = time.perf_counter()
@@ -421,42 +405,156 @@ def run_big(
                 served = max(
                     float(r["rps"]) for r in out if str(r["name"]).startswith("ctr-200x500-r")
                 )
-                rate = args.ctr_swap_rate or max(2.0, (best["rate"] if best else served) / 2)
+                swap_rate = args.ctr_swap_rate or max(2.0, (best["rate"] if best else served) / 2)
                 nxt = mutate(client, rows_total, args.ctr_delta_frac, rng, nxt)
                 md2, _, _ = publish(True, 2)
-                marks: dict[str, float] = {}
-
-                def swap() -> None:
-                    time.sleep(args.ctr_duration)
-                    marks["t0"] = time.perf_counter()
-                    set_live(root, md2.version)
-                    srv.wait_version(md2.version)
-                    marks["t1"] = time.perf_counter()
-
-                th = threading.Thread(target=swap)
-                th.start()
-                recs = open_loop(srv.port, body, codec.BINARY, rate, 3 * args.ctr_duration)
-                th.join()
-                # the apply window: LIVE moved until every worker serves it + 1 s of merging
-                lo, hi = marks["t0"], marks["t1"] + 1.0
-                during = [r for r in recs if lo <= r[0] + r[1] and r[0] <= hi]
-                steady = [r for r in recs if r[0] + r[1] < lo]
-                d, s = summarize(during, "ctr-200x500-during-delta"), summarize(steady, "steady")
-                d.update(
-                    rate=rate,
-                    steady_p99_ms=s["p99_ms"],
-                    steady_p50_ms=s["p50_ms"],
-                    p99_ratio=round(d["p99_ms"] / s["p99_ms"], 2) if s["p99_ms"] else None,
-                    errors_total=summarize(recs, "all")["errors"],
-                    apply_s=round(marks["t1"] - marks["t0"], 2),
-                    versions=sorted({r[4] for r in recs}),
-                )
-                out.append(d)
-                log(json.dumps(d))
+                out.append(
+                    during_delta(srv, root, md2.version, body, swap_rate, args,
+                                 "ctr-200x500-during-delta", log)
+                )  # fmt: skip
+                unsharded_rss = srv.rss()
             finally:
                 srv.stop()
+            if args.ctr_table_shards:
+
+                def next_delta(step: int) -> str:
+                    nonlocal nxt
+                    nxt = mutate(client, rows_total, args.ctr_delta_frac, rng, nxt)
+                    return str(publish(True, step)[0].version)
+
+                out += run_sharded(
+                    args, work, root, body, rows_total, unsharded_rss, swap_rate, log, next_delta
+                )
         finally:
             client.close()
+    return out
+
+
+def sweep(
+    srv: Served, body: bytes, args: argparse.Namespace, prefix: str, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Open-loop load at each of ``--ctr-rates``: a row per rate (``PREFIX-r<rate>``) and a
+    summary row (``PREFIX``: the highest rate whose server-side p99 <= 10 ms)."""
+    from coadapt.serve import codec
+
+    open_loop(srv.port, body, codec.BINARY, 20, 2.0)  # warm up
+    out: list[dict[str, Any]] = []
+    best = None
+    for r in args.ctr_rates:
+        row = summarize(
+            open_loop(srv.port, body, codec.BINARY, r, args.ctr_duration), f"{prefix}-r{r:g}"
+        )
+        row.update(
+            rate=r,
+            rows=args.ctr_rows,
+            dim=args.ctr_dim,
+            workers=args.ctr_workers,
+            table_shards=len(srv.shards),
+            load_avg=round(os.getloadavg()[0], 2),
+        )
+        row["slo_met"] = row["p99_ms"] <= 10.0 and row["errors"] == 0
+        out.append(row)
+        log(json.dumps(row))
+        if row["slo_met"]:
+            best = row
+    out.append(
+        {**(best or out[-1]), "name": prefix, "qps_at_p99_10ms": best["rate"] if best else None}
+    )
+    return out, best
+
+
+def during_delta(
+    srv: Served, root: Path, version: str, body: bytes, rate: float,
+    args: argparse.Namespace, name: str, log: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """Server-side p99 while ``version`` (a delta) goes live vs the steady p99 before it, in
+    one open-loop run at ``rate``: the window is LIVE moved until every worker serves it, plus
+    1 s of merging."""
+    from coadapt.serve import codec
+    from coadapt.serve.artifacts import set_live
+
+    marks: dict[str, float] = {}
+
+    def swap() -> None:
+        time.sleep(args.ctr_duration)
+        marks["t0"] = time.perf_counter()
+        set_live(root, version)
+        srv.wait_version(version)
+        marks["t1"] = time.perf_counter()
+
+    th = threading.Thread(target=swap)
+    th.start()
+    recs = open_loop(srv.port, body, codec.BINARY, rate, 3 * args.ctr_duration)
+    th.join()
+    lo, hi = marks["t0"], marks["t1"] + 1.0
+    during = [r for r in recs if lo <= r[0] + r[1] and r[0] <= hi]
+    steady = [r for r in recs if r[0] + r[1] < lo]
+    d, s = summarize(during, name), summarize(steady, "steady")
+    d.update(
+        rate=rate,
+        steady_p99_ms=s["p99_ms"],
+        steady_p50_ms=s["p50_ms"],
+        p99_ratio=round(d["p99_ms"] / s["p99_ms"], 2) if s["p99_ms"] else None,
+        errors_total=summarize(recs, "all")["errors"],
+        apply_s=round(marks["t1"] - marks["t0"], 2),
+        versions=sorted({r[4] for r in recs}),
+        table_shards=len(srv.shards),
+        load_avg=round(os.getloadavg()[0], 2),
+    )
+    log(json.dumps(d))
+    return d
+
+
+def run_sharded(
+    args: argparse.Namespace, work: Path, root: Path, body: bytes, rows_total: int,
+    unsharded_rss: list[int], swap_rate: float, log: Callable[[str], None],
+    next_delta: Callable[[int], str],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The same model served with ``--table-shards N`` (same run, after the unsharded rows):
+    time until served (from files: the full version and every delta since), RSS per process
+    vs the unsharded worker, latency per rate, p99 while a delta goes live."""
+    n = args.ctr_table_shards
+    t0 = time.perf_counter()
+    srv = start_server(root, args.ctr_workers, work / "serve-sharded.log", table_shards=n)
+    out: list[dict[str, Any]] = []
+    try:
+        live = (root / "LIVE").read_text().strip()
+        srv.wait_version(live)
+        start_s = time.perf_counter() - t0
+        info = json.loads(srv.get("/v1/models/ctr")[1])["sparse"]
+        worker_rss, shard_rss = srv.rss(), srv.rss(srv.shards)
+        out.append(
+            {
+                "name": f"ctr-sharded{n}-memory",
+                "peer": None,
+                "rps": None,
+                "p50_ms": None,
+                "p99_ms": None,
+                "errors": 0,
+                "rows": rows_total,
+                "table_shards": n,
+                "start_until_served_s": round(start_s, 2),
+                "shard_rows": [s["rows"].get("ctr") for s in info["table_shards"]],
+                "shard_table_bytes": [s["nbytes"] for s in info["table_shards"]],
+                "shard_rss": shard_rss,
+                "worker_rss": worker_rss,
+                "unsharded_worker_rss": unsharded_rss,
+                "max_rss_vs_unsharded": round(
+                    max(shard_rss + worker_rss) / max(max(unsharded_rss), 1), 3
+                ),
+                "load_avg": round(os.getloadavg()[0], 2),
+            }
+        )
+        log(json.dumps(out[-1]))
+        rate_rows, _ = sweep(srv, body, args, f"ctr-sharded{n}-200x500", log)
+        out += rate_rows
+        version = next_delta(3)
+        out.append(
+            during_delta(srv, root, version, body, swap_rate, args,
+                         f"ctr-sharded{n}-200x500-during-delta", log)
+        )  # fmt: skip
+    finally:
+        srv.stop()
     return out
 
 
@@ -700,6 +798,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctr-dim", type=int, default=8)
     p.add_argument("--ctr-shards", type=int, default=2, help="parameter-server shards")
     p.add_argument("--ctr-workers", type=int, default=1, help="serving worker processes")
+    p.add_argument(
+        "--ctr-table-shards",
+        type=int,
+        default=2,
+        help="also serve the model from N table-shard processes (ctr-sharded rows; 0: skip)",
+    )
     p.add_argument(
         "--ctr-rates",
         type=lambda s: [float(x) for x in s.split(",")],

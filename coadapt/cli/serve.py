@@ -46,6 +46,15 @@ def run(
     forward_thread: Annotated[
         bool, typer.Option("--forward-thread", help="run forwards on a thread (long forwards)")
     ] = False,
+    table_shards: Annotated[
+        int,
+        typer.Option(
+            min=0, max=255, help="sparse tables held by N table-shard processes (0: in each worker)"
+        ),
+    ] = 0,
+    shard_timeout_ms: Annotated[
+        float, typer.Option(min=0.1, help="deadline of one batch's table-shard look-ups (503)")
+    ] = 1000.0,
 ) -> int:
     """Serve the live version of each model until SIGTERM/SIGINT."""
     if accept not in ("reuseport", "shared"):
@@ -64,6 +73,8 @@ def run(
         poll_s=poll_s,
         accept=accept,
         forward_thread=forward_thread,
+        table_shards=table_shards,
+        shard_timeout_ms=shard_timeout_ms,
     )
 
 

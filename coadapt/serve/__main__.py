@@ -1,6 +1,7 @@
 """``python -m coadapt.serve``: serve model directories, list / verify / activate versions.
 
     python -m coadapt.serve --model mlp=/models/mlp [--port 8000] [--workers N] [--slo-ms 50]
+        [--table-shards N] [--shard-timeout-ms 1000]   # a sparse model's tables over N processes
     python -m coadapt.serve ls DIR
     python -m coadapt.serve verify DIR VERSION
     python -m coadapt.serve activate DIR VERSION     # promotion and rollback (the LIVE pointer)
@@ -16,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("run", "ls", "verify", "activate", "_worker")
+COMMANDS = ("run", "ls", "verify", "activate", "_worker", "_table_shard")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--forward-thread", action="store_true", help="forwards on a thread (long forwards)"
     )
+    run.add_argument(
+        "--table-shards",
+        type=int,
+        default=0,
+        help="sparse tables held by N table-shard processes (0: in each worker)",
+    )
+    run.add_argument("--shard-timeout-ms", type=float, default=1000.0,
+                     help="deadline of one batch's table-shard look-ups (then 503)")  # fmt: skip
     ls = sub.add_parser("ls", help="list complete versions")
     ls.add_argument("dir")
     for name in ("verify", "activate"):
@@ -49,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--port", type=int, required=True)
     w.add_argument("--ready-fd", type=int, required=True)
     w.add_argument("--config", required=True)
+    t = sub.add_parser("_table_shard", help=argparse.SUPPRESS)
+    t.add_argument("--index", type=int, required=True)
+    t.add_argument("--ready-fd", type=int, required=True)
+    t.add_argument("--config", required=True)
     return p
 
 
@@ -73,11 +86,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return worker_main(ServeConfig.from_json(args.config), args.index, args.listen_fd,
                            args.port, args.ready_fd)  # fmt: skip
+    if args.cmd == "_table_shard":
+        from coadapt.serve.config import ServeConfig
+        from coadapt.serve.table_shards import table_shard_main
+
+        cfg = ServeConfig.from_json(args.config)
+        return table_shard_main(cfg.models, args.index, cfg.table_shards, cfg.shard_socket_dir,
+                                cfg.poll_s, args.ready_fd)  # fmt: skip
     return commands.run_server(
         args.model, host=args.host, port=args.port, workers=args.workers,
         threads=args.threads, slo_ms=args.slo_ms, max_body=args.max_body,
         max_rows=args.max_rows, poll_s=args.poll_s, accept=args.accept,
-        forward_thread=args.forward_thread,
+        forward_thread=args.forward_thread, table_shards=args.table_shards,
+        shard_timeout_ms=args.shard_timeout_ms,
     )  # fmt: skip
 
 

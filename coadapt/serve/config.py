@@ -23,6 +23,10 @@ class ServeConfig:
     poll_s: float = 0.2
     accept: str = "reuseport"  # "reuseport": a socket per worker; "shared": one accept queue
     forward_thread: bool = False  # run forwards on a thread beside the event loop
+    # sparse models: tables held by this many table-shard processes (0: in every worker)
+    table_shards: int = 0
+    shard_timeout_ms: float = 1000.0  # one batch's look-ups on the table shards, all together
+    shard_socket_dir: str = ""  # set by the supervisor: where the table shards listen
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -34,6 +38,12 @@ class ServeConfig:
             raise ValueError(f"accept must be 'reuseport' or 'shared', not {self.accept!r}")
         if self.slo_ms <= 0 or self.max_body <= 0 or self.max_rows <= 0 or self.poll_s <= 0:
             raise ValueError("slo_ms, max_body, max_rows and poll_s must be positive")
+        if not 0 <= self.table_shards <= 255:
+            raise ValueError(
+                f"table_shards must be 0 (tables in each worker) to 255, not {self.table_shards}"
+            )
+        if self.shard_timeout_ms <= 0:
+            raise ValueError(f"shard_timeout_ms must be positive, not {self.shard_timeout_ms}")
 
     def worker_count(self) -> int:
         return self.workers or len(os.sched_getaffinity(0))

@@ -24,11 +24,17 @@ A full version is loaded and swapped like a dense one; an incremental version is
 *live* (:mod:`coadapt.serve.sparse_model`): prepared beside the live tables, made visible by
 the same pointer switch, and merged into the shared tables between batches. Each batch runs on
 exactly one version.
+
+With ``table_shards`` > 0 a sparse model's tables live in table-shard processes
+(:mod:`coadapt.serve.table_shards`) instead of in every worker: a worker holds the dense part,
+switches to the newest version every shard holds, and its embeddings look rows up on the shards
+(tagged with the version, in parallel); a shard that does not answer fails the batch with 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -50,12 +56,27 @@ from coadapt.serve.batching import AimdBatchSize, Batcher, BatchResult
 from coadapt.serve.config import ServeConfig
 from coadapt.serve.http import HttpProtocol, Request, Response, error
 from coadapt.serve.metrics import CONTENT_TYPE, ServeMetrics
-from coadapt.serve.sparse_model import PendingMerge, SparseView, prepare_delta, serving_module
+from coadapt.serve.sparse_model import (
+    MERGE_PAUSE,
+    PendingMerge,
+    SparseView,
+    prepare_delta,
+    serving_module,
+)
+from coadapt.serve.table_shards import (
+    OP_STATUS,
+    OP_USING,
+    RemoteView,
+    ShardSet,
+    ShardUnavailableError,
+    common_version,
+)
 
 PREDICT_PREFIX = "/v1/models/"
 VERSION_HEADER = "X-Coadapt-Version"
 SERVER_TIME_HEADER = "X-Coadapt-Server-Ms"
 SWITCH_INTERVAL_S = 0.0005
+SHARD_WAIT_S = 120.0  # how long a starting worker waits for the table shards to load
 
 
 @dataclass
@@ -70,6 +91,8 @@ class Live:
     view: SparseView | None = None
     inputs: list[sparse_artifacts.SparseInput] | None = None
     chain: str | None = None
+    remote: bool = False  # the tables are on table-shard processes
+    busy: int = 0  # batches running on it now (a remote version is released only at 0)
 
 
 @dataclass
@@ -81,20 +104,57 @@ class ModelSlot:
     live: Live | None = None
     refused: dict[str, str] = field(default_factory=dict)  # version -> why
     _refused_stamp: dict[str, float] = field(default_factory=dict)
+    shards: ShardSet | None = None  # table-shard processes (sparse models), if any
+    model_index: int = 0  # this model's number on the table shards' wire
+    shard_status: list[dict[str, Any]] = field(default_factory=list)
 
     def run(self, x: np.ndarray) -> BatchResult[str]:
         """One forward on whatever version is live now (read once: the swap point)."""
         live = self.live
         if live is None:
             raise RuntimeError(f"model {self.name} has no version loaded")
-        with torch.inference_mode():
-            if x.dtype.names:  # several arrays per row (a sparse model)
-                out = live.module(
-                    *(torch.from_numpy(np.ascontiguousarray(x[n])) for n in x.dtype.names)
-                )
-            else:
-                out = live.module(torch.from_numpy(x))
+        live.busy += 1
+        try:
+            with torch.inference_mode():
+                if x.dtype.names:  # several arrays per row (a sparse model)
+                    out = live.module(
+                        *(torch.from_numpy(np.ascontiguousarray(x[n])) for n in x.dtype.names)
+                    )
+                else:
+                    out = live.module(torch.from_numpy(x))
+        finally:
+            live.busy -= 1
         return BatchResult(out.numpy(), live.version)
+
+    def remote_target(self) -> bool:
+        """Whether this slot's versions are served from the table shards (a sparse model)."""
+        if self.shards is None:
+            return False
+        if self.live is not None and self.live.remote:
+            return True
+        want = artifacts.live_version(self.root)
+        if want is None:
+            return False
+        try:
+            return artifacts.read_manifest(self.root, want).sparse is not None
+        except (ValueError, OSError):
+            return False  # the ordinary path refuses it, with the reason
+
+    def load_remote(self, version: str) -> Live:
+        """The dense part of ``version`` around a view of the table shards, warmed up (the
+        warm-up's look-ups prove every shard answers for this version)."""
+        assert self.shards is not None
+        m = artifacts.read_manifest(self.root, version)
+        inputs = sparse_artifacts.inputs_of(m)
+        live = self.live
+        base = (live.version, live.state) if live is not None and live.remote else None
+        dense = sparse_artifacts.dense_state(self.root, version, base)
+        module = serving_module(m, dense, RemoteView.of(m, self.shards, self.model_index))
+        with torch.inference_mode():
+            module(*(torch.zeros((1, *i.shape), dtype=torch.float32 if i.dtype == "float32"
+                                 else torch.int64) for i in inputs))  # fmt: skip
+        chain = None if m.sparse is None else str(m.sparse["chain"])
+        return Live(version, module, m, dict(module.state_dict()), None, inputs, chain, True)
 
     def input_names(self) -> list[str] | None:
         """The names of the arrays a sparse model takes (None: one array, a dense model)."""
@@ -273,8 +333,33 @@ class ModelSlot:
             "max_batch_rows": max_batch,
             "refused": self.refused,
             "pid": os.getpid(),
-            "sparse": None if live is None or live.view is None else _sparse_status(live),
-        }
+            "sparse": (
+                None if live is None
+                else _remote_status(live, self.shard_status) if live.remote
+                else None if live.view is None
+                else _sparse_status(live)
+            ),
+        }  # fmt: skip
+
+
+def _remote_status(live: Live, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows and bytes summed over the table shards, and each shard's own report."""
+    rows: dict[str, int] = {}
+    for st in shards:
+        for n, k in st.get("rows", {}).items():
+            rows[n] = rows.get(n, 0) + int(k)
+    nbytes = sum(int(st.get("nbytes", 0)) for st in shards)
+    raw = sum(int(st.get("raw_bytes", 0)) for st in shards)
+    return {
+        "rows": rows,
+        "nbytes": nbytes,
+        "raw_bytes": raw,
+        "ratio": nbytes / raw if raw else None,
+        "inputs": [asdict(i) for i in live.inputs or []],
+        "chain": live.chain,
+        "merging": any(st.get("merging") for st in shards),
+        "table_shards": shards,
+    }
 
 
 def _sparse_status(live: Live) -> dict[str, Any]:
@@ -304,6 +389,12 @@ class Worker:
         self.index = index
         self.metrics = ServeMetrics()
         self.slots = {n: ModelSlot(n, Path(d)) for n, d in config.models.items()}
+        if config.table_shards:
+            shards = ShardSet(
+                config.shard_socket_dir, config.table_shards, config.shard_timeout_ms / 1000
+            )
+            for i, slot in enumerate(self.slots.values()):
+                slot.shards, slot.model_index = shards, i
         # Forwards run on the event loop by default: handing each batch to a thread costs a GIL
         # hand-off per batch (measured: 52-56 vs 41-44 us of CPU per request, small MLP, 32
         # clients), and a worker per core already gives the parallelism. --forward-thread is
@@ -350,6 +441,9 @@ class Worker:
         """Load whatever each slot should serve and is not serving yet (a sparse model may
         take several steps: its full base, then each delta, each applied live)."""
         for name, slot in self.slots.items():
+            if slot.remote_target():
+                await self._refresh_remote(name, slot)
+                continue
             for _ in range(64):  # bounded: one step per delta between the live and the target
                 want = slot.target()
                 if want is None:
@@ -371,17 +465,65 @@ class Worker:
                 if pending is not None:
                     await self._merge(name, slot, pending)
 
+    async def _refresh_remote(self, name: str, slot: ModelSlot) -> None:
+        """Switch to the newest version every table shard holds, then tell them (so they can
+        drop the old one once every worker did); copy their refusals."""
+        assert slot.shards is not None
+        try:
+            status = await asyncio.to_thread(slot.shards.control, OP_STATUS, slot.model_index)
+        except ShardUnavailableError:
+            return  # a shard is restarting: try again next poll
+        slot.shard_status = status
+        for st in status:
+            for v, why in st.get("refused", {}).items():
+                if v not in slot.refused:  # once per version (shards word it differently)
+                    slot.refuse(v, why)
+                    self.metrics.load_failures.labels(name).inc()
+        pick = common_version([st["held"] for st in status])
+        live = slot.live
+        if pick is not None and pick not in slot.refused and (live is None or live.version != pick):
+            await self._switch_remote(name, slot, pick)
+        live = slot.live
+        if live is not None and live.remote:
+            # said on every poll, not only after a switch: a restarted shard's (or a re-opened
+            # connection's) pin starts at its oldest version and must learn ours
+            with contextlib.suppress(ShardUnavailableError):
+                await asyncio.to_thread(
+                    slot.shards.control, OP_USING, slot.model_index, int(live.version)
+                )
+
+    async def _switch_remote(self, name: str, slot: ModelSlot, pick: str) -> None:
+        try:
+            new = await asyncio.to_thread(slot.load_remote, pick)
+        except ShardUnavailableError:
+            return
+        except (ValueError, OSError, RuntimeError, TypeError, KeyError) as exc:
+            slot.refuse(pick, str(exc))
+            self.metrics.load_failures.labels(name).inc()
+            print(f"serve[{self.index}]: refused {name} version {pick}: {exc}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        old, first = slot.live, slot.live is None
+        slot.live = new  # the swap: the next batch runs on it
+        slot.refused.pop(new.version, None)
+        if not first:
+            self.metrics.swaps.labels(name).inc()
+        self.metrics.version.labels(name).set(int(new.version))
+        while old is not None and old.busy:  # a batch on a forward thread may still read it
+            await asyncio.sleep(0.001)
+
     async def _between_batches(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` where no forward runs beside it: on the event loop (forwards run there
         too) or on the forward thread, queued behind the batch in flight. Then leave the loop
-        to requests for as long as ``fn`` took (a 50 % duty cycle): an 800 KB body arrives in
-        a dozen socket reads, and one merge step between each read would delay it 12-fold."""
+        to requests for ``MERGE_PAUSE`` times as long as ``fn`` took (a 25 % duty cycle): an
+        800 KB body arrives in a dozen socket reads, and one merge step between each read would
+        delay it 12-fold."""
         t0 = time.perf_counter()
         if self._forward is None:
             out = fn()
         else:
             out = await asyncio.get_running_loop().run_in_executor(self._forward, fn)
-        await asyncio.sleep(time.perf_counter() - t0)
+        await asyncio.sleep(MERGE_PAUSE * (time.perf_counter() - t0))
         return out
 
     async def _merge(self, name: str, slot: ModelSlot, pending: PendingMerge) -> None:
@@ -459,6 +601,10 @@ class Worker:
             return error(exc.status, str(exc))
         try:
             out, version = await self.batchers[name].submit(rows)
+        except ShardUnavailableError as exc:  # a table shard is down or slow: retry later
+            self.metrics.requests.labels(name, "503").inc()
+            self.metrics.errors.labels(name, "server").inc()
+            return error(503, f"model {name}: {exc}")
         except Exception as exc:  # the model itself failed: a server error, counted
             self.metrics.requests.labels(name, "500").inc()
             self.metrics.errors.labels(name, "server").inc()
@@ -488,6 +634,13 @@ class Worker:
         # forward hands off dozens of times: measured p99 8x steady during a 500k-row delta.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         await self.refresh()
+        # table shards start beside the workers: wait (bounded) until they hold a version
+        deadline = time.monotonic() + SHARD_WAIT_S
+        while time.monotonic() < deadline and any(
+            s.live is None and s.remote_target() for s in self.slots.values()
+        ):
+            await asyncio.sleep(min(self.config.poll_s, 0.1))
+            await self.refresh()
         # Everything imported and loaded so far lives as long as the process: move it out of
         # the collector's sight. A full collection otherwise walks torch's ~170k objects and
         # stalls every request for tens to hundreds of milliseconds: the p99 tail.

@@ -381,10 +381,18 @@ def _shard_entries(m: Manifest) -> list[FileEntry]:
     return out
 
 
-def _read_all(root: Path, m: Manifest) -> list[Any]:
-    """Every shard file of ``m``, read and verified in parallel (one thread per shard)."""
+def _read_all(root: Path, m: Manifest, shards: Sequence[int] | None = None) -> list[Any]:
+    """The shard files of ``m`` (every one, or those numbered in ``shards``), read and verified
+    in parallel (one thread per file)."""
     vdir = root / m.version
     entries = _shard_entries(m)
+    if shards is not None:
+        bad = [s for s in shards if not 0 <= s < len(entries)]
+        if bad:
+            raise ArtifactError(
+                f"version {m.version} has {len(entries)} shard file(s); no shard {bad[0]}"
+            )
+        entries = [entries[s] for s in shards]
 
     def one(fe: FileEntry) -> Any:
         path = vdir / fe.path
@@ -419,17 +427,22 @@ def resolve_path(root: str | os.PathLike[str], version: str, have: str | None) -
     return list(reversed(path))
 
 
-def load_tables(root: str | os.PathLike[str], version: str) -> SparseTables:
-    """Load a *full* sparse version's tables (shards read in parallel, checksums verified)."""
+def load_tables(
+    root: str | os.PathLike[str], version: str, shards: Sequence[int] | None = None
+) -> SparseTables:
+    """Load a *full* sparse version's tables (shards read in parallel, checksums verified).
+    ``shards``: only these shard files (a table-shard process holds its part of the model);
+    the tables' shard lists then follow that order."""
     root = Path(root)
     m = _sparse_manifest(root, version)
     if m.kind != "full":
         raise ArtifactError(f"version {version} is incremental: resolve it with resolve_path")
-    files = _read_all(root, m)
+    files = _read_all(root, m, shards)
     assert m.sparse is not None
     dims = {str(t["name"]): int(t["dim"]) for t in m.sparse["tables"]}
-    shards: dict[str, list[EmbeddingTable]] = {n: [] for n in dims}
-    for i, sf in enumerate(files):
+    tables: dict[str, list[EmbeddingTable]] = {n: [] for n in dims}
+    numbers = list(range(len(files))) if shards is None else list(shards)
+    for i, sf in zip(numbers, files, strict=True):
         if sf.header.get("kind") != "full" or sf.header.get("shard") != i:
             raise IntegrityError(
                 f"version {version}: shard file {i} is not shard {i}'s full export"
@@ -437,8 +450,9 @@ def load_tables(root: str | os.PathLike[str], version: str) -> SparseTables:
         for n in dims:
             if n not in sf.full:
                 raise IntegrityError(f"version {version}: shard {i} lacks table {n!r}")
-            shards[n].append(sf.full[n])
-    return SparseTables(version, str(m.sparse["chain"]), len(files), dims, shards)
+            tables[n].append(sf.full[n])
+    total = len(_shard_entries(m))
+    return SparseTables(version, str(m.sparse["chain"]), total, dims, tables)
 
 
 @dataclass
@@ -452,19 +466,23 @@ class Delta:
     parts: dict[str, list[DeltaTable]]  # table -> per shard
 
 
-def read_delta(root: str | os.PathLike[str], version: str) -> Delta:
-    """Read and verify an incremental version's shard files."""
+def read_delta(
+    root: str | os.PathLike[str], version: str, shards: Sequence[int] | None = None
+) -> Delta:
+    """Read and verify an incremental version's shard files (or those numbered in ``shards``;
+    the parts then follow that order)."""
     root = Path(root)
     m = _sparse_manifest(root, version)
     if m.kind != "delta" or m.parent is None:
         raise ArtifactError(f"version {version} is not incremental")
     parent = _sparse_manifest(root, m.parent)
-    files = _read_all(root, m)
+    files = _read_all(root, m, shards)
     assert m.sparse is not None and parent.sparse is not None
     if _chain(str(parent.sparse["chain"]), m.files) != m.sparse["chain"]:
         raise IntegrityError(f"version {version}: its chain digest does not follow its parent's")
     parts: dict[str, list[DeltaTable]] = {str(t["name"]): [] for t in m.sparse["tables"]}
-    for i, sf in enumerate(files):
+    numbers = list(range(len(files))) if shards is None else list(shards)
+    for i, sf in zip(numbers, files, strict=True):
         if sf.header.get("kind") != "delta" or sf.header.get("shard") != i:
             raise IntegrityError(f"version {version}: shard file {i} is not shard {i}'s delta")
         for n in parts:
