@@ -389,7 +389,8 @@ class SloAutoscaler:
     * headroom: the least h (on a 2.5 % grid, within [min_headroom, max_headroom]) such that
       of the requests seen over past decisions' horizons, at most ``miss_budget`` came in
       seconds when demand exceeded that decision's forecast x (1 + h): the surprises it has
-      actually met, weighted by the requests they would cost, forgotten slowly. Before any
+      actually met, weighted by the requests they would cost, forgotten slowly (by time, so
+      5 s rounds remember a burst as long as 60 s rounds). Before any
       decision was judged, ``max_headroom``;
     * scale to zero after ``scale_to_zero_s`` without a request; the activator holds requests
       meanwhile and any request asks for a replica at once.
@@ -401,11 +402,22 @@ class SloAutoscaler:
     min_headroom: float = 0.05
     max_headroom: float = 1.0
     miss_budget: float = 0.0005  # share of requests allowed to come above the provision
-    forget_decisions: float = 0.995  # per evaluated decision (half-life ~140 decisions)
+    # the judged surprises are forgotten by forget_decisions per forget_period_s of time
+    # (half-life ~140 periods = 2.3 h), however often it decides: with 5 s serving rounds a
+    # per-decision rate would forget the last burst before the next one comes
+    forget_decisions: float = 0.995
+    forget_period_s: float = 60.0
     prior_weight: float = 20.0
     forget: float = 0.995  # per latency sample
     capacity_bounds: tuple[float, float] = (0.5, 2.0)
     name: str = "slo"
+
+    def __post_init__(self) -> None:
+        if not _finite_positive(self.forget_period_s):
+            raise PolicyError(
+                f"slo autoscaler: forget_period_s = {self.forget_period_s!r} is invalid; "
+                "accepted: seconds > 0"
+            )
 
     def capacity(self, deployment: Deployment, state: PolicyState) -> float:
         """Per-replica requests/s at the SLO, from the fit in ``state`` (the prior without)."""
@@ -459,6 +471,10 @@ class SloAutoscaler:
         seen_total = float(state.get("seen", 0.0))
         start = now - len(hist)  # time of hist[0]
         still: list[list[float]] = []
+        last_t = state.get("t")
+        elapsed = self.forget_period_s if last_t is None else max(now - float(last_t), 0.0)
+        forget = self.forget_decisions ** (elapsed / self.forget_period_s)
+        judged = False
         for t0, f0, h0 in pending:
             if t0 + h0 > now:
                 still.append([t0, f0, h0])
@@ -467,11 +483,15 @@ class SloAutoscaler:
             seen = hist[max(lo_i, 0) : max(hi_i, 0)]
             if not seen or f0 <= 0:
                 continue
+            if not judged:  # forget once per call, by the time since the last one
+                over = [forget * o for o in over]
+                seen_total *= forget
+                judged = True
             over = [
-                self.forget_decisions * o + sum(r for r in seen if r > f0 * (1.0 + h))
+                o + sum(r for r in seen if r > f0 * (1.0 + h))
                 for o, h in zip(over, HEADROOM_GRID, strict=True)
             ]
-            seen_total = self.forget_decisions * seen_total + sum(seen)
+            seen_total += sum(seen)
         headroom = self.max_headroom
         if seen_total > 0:
             for o, h in zip(over, HEADROOM_GRID, strict=True):
@@ -499,6 +519,7 @@ class SloAutoscaler:
                 "over": over,
                 "seen": seen_total,
                 "last_busy": last_busy,
+                "t": now if judged or last_t is None else last_t,
             }
         )
         return ScaleDecision(

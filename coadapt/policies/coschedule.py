@@ -17,7 +17,14 @@ Each round it
    other serving slots, then onto the nodes with the fewest training GPUs;
 4. hands the inner policy the snapshot with those slots removed from the nodes and the
    training jobs' current allocations clipped to fit (latest-submitted job first): shrinking a
-   training job is the ordinary restart-rescale, nothing special.
+   training job is the ordinary restart-rescale, nothing special;
+5. with ``spare_share`` > 0, turns slots training left idle into warm spare replicas (up to
+   that share of each grant): free for training this round, given back first next round.
+
+With ``full_round_s``, rounds of ``round_s`` between full ones are *serving rounds*, the live
+controller's: the autoscalers decide, serving only grows, training is left as it is when
+serving fits beside it, and a full round runs instead when serving needs training's slots,
+every ``full_round_s``, or when the set of jobs changed.
 
 The static partition is this wrapper with a :class:`~coadapt.policies.autoscale.StaticAutoscaler`
 sized for the peak; the Knative-style baseline is it with the
@@ -30,6 +37,7 @@ back for the mechanism.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -106,6 +114,8 @@ class CoSchedulePolicy:
         autoscaler: Autoscaler,
         demand: DemandSource,
         round_s: float = 60.0,
+        full_round_s: float | None = None,
+        spare_share: float = 0.0,
     ) -> None:
         names = [d.name for d in deployments]
         if len(set(names)) != len(names):
@@ -113,19 +123,34 @@ class CoSchedulePolicy:
             raise DeploymentError(f"deployment names must be unique; repeated: {', '.join(dup)}")
         if not round_s > 0:
             raise PolicyError(f"round_s: {round_s!r} is invalid; accepted: seconds > 0")
+        if full_round_s is not None and not full_round_s >= round_s:
+            raise PolicyError(
+                f"full_round_s: {full_round_s!r} is invalid; accepted: seconds >= round_s "
+                f"({round_s!r}), or None for a full round every round"
+            )
+        if not 0.0 <= spare_share <= 10.0:
+            raise PolicyError(
+                f"spare_share: {spare_share!r} is invalid; accepted: a fraction of the grant "
+                "in [0, 10] (0: no spare replicas)"
+            )
         self.inner = inner
+        self.spare_share = float(spare_share)
         self.deployments = tuple(sorted(deployments, key=lambda d: (-d.priority, d.name)))
         self.autoscaler = autoscaler
         self.demand = demand
         self.round_s = float(round_s)
+        self.full_round_s = None if full_round_s is None else float(full_round_s)
         self.name = f"{autoscaler.name}+{inner.name}"
         self.batch_mode: BatchMode = inner.batch_mode
 
     # ------------------------------------------------------------------ serving
     def plan(
-        self, snapshot: ClusterSnapshot, state: PolicyState
+        self, snapshot: ClusterSnapshot, state: PolicyState, grow_only: bool = False
     ) -> tuple[dict[str, Reservation], PolicyState, dict[str, float]]:
-        """Each deployment's reservation for the next round, the serving state, diagnostics."""
+        """Each deployment's reservation for the next round, the serving state, diagnostics.
+
+        ``grow_only`` (a serving round between full rounds): a deployment keeps at least the
+        slots it holds, since slots it gave back would sit idle until training is decided."""
         prev = state.get("serving", {})
         last = state.get("last_now")
         start = float(last) if last is not None else max(snapshot.now - self.round_s, 0.0)
@@ -141,6 +166,9 @@ class CoSchedulePolicy:
                 dep, window, entry.get("autoscaler", {}), snapshot.now, horizon
             )
             want = max(0, int(decision.replicas))
+            if grow_only:
+                held_before = entry.get("reservation", {}).get("slots", 0)
+                want = max(want, int(held_before))
             grant = min(want, free)
             free -= grant
             grants.append((dep, want, grant, decision.capacity_rps))
@@ -171,12 +199,115 @@ class CoSchedulePolicy:
     def optimize(
         self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
     ) -> Decision:
-        reservations, serving_state, diags = self.plan(snapshot, state)
+        """A full round, or with ``full_round_s`` a serving round while no full one is due."""
+        if self.full_round_s is not None and not self._full_due(snapshot, state):
+            served = self._serving_round(snapshot, state)
+            if served is not None:
+                return served
+        return self._full_round(snapshot, state, rng)
+
+    def _full_due(self, snapshot: ClusterSnapshot, state: PolicyState) -> bool:
+        """A full round is due every ``full_round_s``, and at once when the set of jobs changed
+        (the live controller's prompt round on a submission or a completion)."""
+        last = state.get("last_full")
+        if last is None or "packed" not in state or self.full_round_s is None:
+            return True
+        if sorted(snapshot.jobs) != sorted(state.get("jobs", [])):
+            return True
+        return snapshot.now - float(last) >= self.full_round_s - 1e-6
+
+    def _serving_round(self, snapshot: ClusterSnapshot, state: PolicyState) -> Decision | None:
+        """Serving alone, training untouched: what the autoscalers want (never less than they
+        hold) if it fits beside the training allocations; None when it needs training's
+        slots, and a full round must decide both (the live controller's serving round)."""
+        reservations, serving_state, diags = self.plan(snapshot, state, grow_only=True)
+        held = self._held(snapshot, reservations)
+        packed = {str(k): str(v) for k, v in dict(state.get("packed", {})).items()}
+        current = {k: tuple(int(x) for x in a) for k, a in snapshot.current.items() if any(a)}
+        packed = {g: h for g, h in packed.items() if g in current and h in current}
+        used = held.copy()
+        for job, alloc in current.items():
+            if job not in packed:
+                used += np.asarray(alloc, dtype=np.int64)
+        caps = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
+        if np.any(used > caps):
+            return None
+        _check_total(snapshot, current, packed, held)
+        diags["serving.slots"] = float(held.sum())
+        diags["serving.round"] = 1.0
+        return Decision(
+            allocations=current,
+            state={
+                **state,
+                "serving": serving_state,
+                "last_now": snapshot.now,
+                "packed": packed,
+            },
+            diagnostics=diags,
+            packed=packed,
+        )
+
+    def _add_spares(
+        self,
+        snapshot: ClusterSnapshot,
+        reservations: dict[str, Reservation],
+        serving_state: PolicyState,
+        held: np.ndarray,
+        allocations: Mapping[str, Allocation],
+        packed: Mapping[str, str],
+    ) -> np.ndarray:
+        """Slots training left idle this round become warm spare replicas, up to
+        ``spare_share`` of each grant (priority order): they cost training nothing now, cover
+        a burst before the next decision, and are the first thing given back (a spare is not
+        part of the next round's grant). Updates ``reservations`` and ``serving_state``."""
+        caps = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
+        used = held.copy()
+        for job, alloc in allocations.items():
+            if job not in packed:
+                used += np.asarray(alloc, dtype=np.int64)
+        spare = caps - used
+        held = held.copy()
+        for dep in self.deployments:
+            res = reservations[dep.name]
+            want = min(
+                math.ceil(self.spare_share * res.slots - 1e-9),
+                dep.max_replicas - res.slots,
+                int(spare.sum()),
+            )
+            if want <= 0 or res.admit_rps is not None:
+                continue
+            row = {n.name: 0 for n in snapshot.nodes}
+            for _ in range(want):
+                # beside the deployment's own slots first, then where most is spare
+                cand = np.flatnonzero(spare > 0)
+                mine = np.array([res.placement.get(snapshot.nodes[i].name, 0) for i in cand])
+                i = int(cand[np.lexsort((cand, -spare[cand], -mine))[0]])
+                spare[i] -= 1
+                held[i] += 1
+                row[snapshot.nodes[i].name] += 1
+            placement = dict(res.placement)
+            for node, k in row.items():
+                if k:
+                    placement[node] = placement.get(node, 0) + k
+            res = dataclasses.replace(res, slots=res.slots + want, placement=placement)
+            reservations[dep.name] = res
+            serving_state[dep.name]["reservation"] = res.to_json()
+        return held
+
+    @staticmethod
+    def _held(snapshot: ClusterSnapshot, reservations: Mapping[str, Reservation]) -> np.ndarray:
         held = np.zeros(len(snapshot.nodes), dtype=np.int64)
         index = {n.name: i for i, n in enumerate(snapshot.nodes)}
         for res in reservations.values():
             for node, k in res.placement.items():
                 held[index[node]] += k
+        return held
+
+    def _full_round(
+        self, snapshot: ClusterSnapshot, state: PolicyState, rng: np.random.Generator
+    ) -> Decision:
+        reservations, serving_state, diags = self.plan(snapshot, state)
+        held = self._held(snapshot, reservations)
         reduced = training_snapshot(snapshot, held)
         inner_state = state.get("inner", {})
         allocations: dict[str, Allocation] = {}
@@ -191,11 +322,25 @@ class CoSchedulePolicy:
             packed = dict(inner.packed)
             inner_state = inner.state
             diags.update(inner.diagnostics)
+        if self.spare_share > 0:
+            held = self._add_spares(
+                snapshot, reservations, serving_state, held, allocations, packed
+            )
         _check_total(snapshot, allocations, packed, held)
         diags["serving.slots"] = float(held.sum())
+        new_state: PolicyState = {
+            "inner": inner_state,
+            "serving": serving_state,
+            "last_now": snapshot.now,
+        }
+        if self.full_round_s is not None:
+            # what a serving round needs to leave training as it is
+            new_state.update(
+                {"last_full": snapshot.now, "packed": packed, "jobs": sorted(snapshot.jobs)}
+            )
         return Decision(
             allocations=allocations,
-            state={"inner": inner_state, "serving": serving_state, "last_now": snapshot.now},
+            state=new_state,
             diagnostics=diags,
             packed=packed,
         )

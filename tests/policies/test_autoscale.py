@@ -21,7 +21,7 @@ from coadapt.policies.autoscale import (
     make_autoscaler,
     prior_stats,
 )
-from coadapt.policies.base import PolicyState
+from coadapt.policies.base import PolicyError, PolicyState
 
 CAP = 1000.0  # requests/s per replica at the SLO
 
@@ -226,3 +226,18 @@ def test_static_and_factory() -> None:
     assert make_autoscaler("knative", target_utilisation=0.8).name == "knative"
     with pytest.raises(ValueError, match="accepted: slo, knative"):
         make_autoscaler("hpa")
+
+
+@pytest.mark.parametrize("every", [10, 60])
+def test_slo_autoscaler_forgets_by_time_not_by_decisions(every: int) -> None:
+    # the live controller decides every 5 s, the simulator every 60 s: a burst must be
+    # remembered as long (in time) either way, or fast rounds forget it before the next one
+    d = dep(min_replicas=1)
+    scaler = SloAutoscaler()
+    _, st = drive(scaler, d, [2000.0] * 600, replicas=3, every=every)
+    burst = [2000.0] * 30 + [3000.0] * 60 + [2000.0] * 510
+    _, st = drive(scaler, d, burst, replicas=3, every=every, start=600.0, state=st)
+    calm, _ = drive(scaler, d, [2000.0] * 14_400, replicas=3, every=every, start=1200.0, state=st)
+    assert calm[-1].diagnostics["headroom"] == pytest.approx(0.5, abs=0.02)
+    with pytest.raises(PolicyError, match="forget_period_s"):
+        SloAutoscaler(forget_period_s=0.0)
