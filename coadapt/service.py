@@ -197,6 +197,7 @@ def build(
         gpu_types=lambda: {n.name: n.gpu_type for n in controller.nodes},
         isolation=isolation.describe(),
         admit_tenant=guard,
+        serving_slots=plane.occupied,
         packing_keys=frozenset(k for pair in options.colocation for k in pair),
         shares_slots=executor.shares_slots,
     )

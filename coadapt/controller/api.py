@@ -22,7 +22,7 @@ declares the bodies, the bearer scheme and every error status.
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -104,6 +104,8 @@ class ApiContext:
     gpu_types: Callable[[], Mapping[str, str]] | None = None
     # GPU sharing: the keys of the co-location table, and whether the executor can share a
     # slot (a job whose packing_key cannot pack gets an event at submit saying why).
+    # Slots serving replicas hold now, (node, slot) (issue 17; the deployment plane's).
+    serving_slots: Callable[[], Collection[tuple[str, int]]] = frozenset
     packing_keys: frozenset[str] = frozenset()
     shares_slots: bool = True
 
@@ -433,11 +435,15 @@ def create_app(ctx: ApiContext) -> FastAPI:
         """Nodes, slots, allocations and per-job goodput, speedup and batch size."""
         live = store.replicas(statuses=("starting", "live"))
         slots_of: dict[str, list[int]] = {}
-        used_on: dict[str, int] = {}
+        # Distinct slots: two packed jobs share one; serving replicas hold theirs too.
+        serving = set(ctx.serving_slots())
+        taken = {(rep.node, rep.slot) for rep in live} | serving
         for rep in live:
             slots_of.setdefault(rep.job_id, []).append(rep.slot)
-            used_on[rep.node] = used_on.get(rep.node, 0) + 1
-        used = sum(len(v) for v in slots_of.values())
+        used_on: dict[str, int] = {}
+        for node, _ in taken:
+            used_on[node] = used_on.get(node, 0) + 1
+        used = len(taken)
         nodes = ctx.node_types()
         tn = names()
         active = store.list_jobs(me, states=ACTIVE)
@@ -451,6 +457,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "policy": ctx.policy,
             "slots": sum(n for _, n, _ in nodes),
             "used": used,
+            "serving": len(serving),
             "nodes": [
                 {"name": name, "slots": n, "used": used_on.get(name, 0), "gpu_type": t}
                 for name, n, t in nodes

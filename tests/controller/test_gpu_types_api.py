@@ -100,6 +100,32 @@ def test_the_cluster_view_and_metrics_carry_types(api: Api) -> None:
     resp = api.call("GET", "/metrics", "root")
     fams = {f.name: f.samples for f in text_string_to_metric_families(resp.text)}
     assert {s.labels["gpu_type"]: s.value for s in fams["coadapt_slots_used"]}["t4"] == 1.0
+    view = api.call("GET", "/api/v1/cluster").json()  # nor in the cluster view
+    assert (view["used"], [n["used"] for n in view["nodes"]]) == (2, [1, 0, 1])
+
+
+def test_the_cluster_view_counts_serving_slots(sqlite_store: Store, tmp_path: Path) -> None:
+    api_ = Api(
+        SyncASGI(
+            create_app(
+                ApiContext(
+                    store=sqlite_store,
+                    state_dir=tmp_path,
+                    slots=8,
+                    policy="pollux",
+                    clock=FakeClock(),
+                    inventory=lambda: [(n, k) for n, k, _ in NODES],
+                    gpu_types=lambda: {n: t for n, _, t in NODES},
+                    serving_slots=lambda: {("n2", 0), ("n2", 1)},
+                )
+            )
+        ),
+        sqlite_store,
+        {"root": sqlite_store.create_tenant("root", 0.0, is_admin=True)[1]},
+    )
+    view = api_.call("GET", "/api/v1/cluster", "root").json()
+    assert (view["used"], view["serving"]) == (2, 2)
+    assert [n["used"] for n in view["nodes"]] == [0, 2, 0]
 
 
 def test_a_goodput_report_is_filed_under_the_type_the_attempt_runs_on(api: Api) -> None:
