@@ -12,7 +12,9 @@ Per deployment:
   of its own so it outlives the controller; its pid and start time are stored, and a restarted
   controller re-adopts it (never two gateways for one deployment);
 * *replicas* (``python -m coadapt.serve run``) started through the executor on slots the
-  reservation placed, each row written before its process starts; a replica enters the route
+  reservation placed, each row written before its process starts; a replica listens on its
+  node's ``address`` (:class:`~coadapt.executors.NodeInventory`: loopback on one machine, the
+  node's IP on Ray), where the readiness probe and the gateway reach it, and enters the route
   table once its ``GET /readyz`` answers 200;
 * scale-down drains first: the replica leaves the route table (a new generation), gets SIGTERM
   once the gateway reports that generation (or after :data:`DRAIN_WAIT_S`), SIGKILL after the
@@ -80,12 +82,13 @@ GENERATION_TIMEOUT_S = 0.1  # "has the gateway read the new table yet?" (while d
 DRAIN_WAIT_S = 2.0  # SIGTERM a drained replica after this even if the gateway never said
 RESIGNAL_S = 5.0  # re-send SIGTERM this often while a stop is pending (level-triggered)
 MAX_BACKOFF_S = 60.0  # longest wait before restarting a replica that keeps dying unready
-HOST = "127.0.0.1"  # replicas and gateways of the local executor listen here
+HOST = "127.0.0.1"  # gateways listen here, on the controller's machine (replicas: their node's)
+REPLICA_RANK = 0  # a serving replica is the one rank of an attempt of its own (its run dir)
 
 
-def _get_json(port: int, path: str, timeout: float) -> tuple[int, Any] | None:
-    """``GET http://127.0.0.1:port/path`` -> (status, parsed JSON or None); None if no answer."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+def _get_json(host: str, port: int, path: str, timeout: float) -> tuple[int, Any] | None:
+    """``GET http://host:port/path`` -> (status, parsed JSON or None); None if no answer."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -113,7 +116,7 @@ def _alive(pid: int | None, start_ticks: int | None) -> bool:
 def _handle(row: ServingReplicaRecord) -> ReplicaHandle:
     if row.pid is None:
         raise ValueError(f"serving replica {row.id} has no pid yet")
-    return ReplicaHandle(row.pid, row.start_ticks, row.run_dir, row.id)
+    return ReplicaHandle(row.pid, row.start_ticks, row.run_dir, REPLICA_RANK)
 
 
 class GatewayDemand:
@@ -129,7 +132,7 @@ class GatewayDemand:
         rec = self._plane.record(deployment)
         if rec is None:
             return None
-        got = _get_json(rec.gateway_port, f"{STATS_PATH}?since={since}", timeout)
+        got = _get_json(HOST, rec.gateway_port, f"{STATS_PATH}?since={since}", timeout)
         stats: GatewayStats | None = None
         if got is not None and got[0] == 200:
             try:
@@ -193,6 +196,11 @@ class DeploymentPlane:
         self._gateway_fails: dict[int, int] = {}  # gateway starts in a row (reset once it runs)
         self._gateway_retry_at: dict[int, float] = {}
         self._tenants: dict[str, str] = {}
+        # The executor's inventory, read once per tick: slots per node (where replicas may
+        # start) and each node's address (where they listen); an address stays known after
+        # its node leaves, for the replicas still recorded there.
+        self._slots: dict[str, int] = {}
+        self._addresses: dict[str, str] = {}
 
     # -- ServingPlane -------------------------------------------------------------------
     def deployments(self) -> Sequence[Deployment]:
@@ -221,6 +229,7 @@ class DeploymentPlane:
         if not self._recovered:
             self._recover(now)
             self._recovered = True
+        self._read_nodes()
         self._refresh_records()
         rows = self.deploys.replicas(statuses=ALIVE)
         by_dep: dict[int, list[ServingReplicaRecord]] = {}
@@ -243,7 +252,23 @@ class DeploymentPlane:
                 for row in orphans:
                     self._poll(row, now)
 
+    def _read_nodes(self) -> None:
+        """This tick's inventory; when the executor cannot say, no replica starts this tick
+        (the running ones keep their known addresses)."""
+        try:
+            nodes = self.executor.nodes()
+        except ExecutorError as exc:
+            log.warning("deployments: cannot read the executor's nodes: %s", exc)
+            self._slots = {}
+            return
+        self._slots = {n.name: n.slots for n in nodes}
+        self._addresses.update({n.name: n.address for n in nodes})
+
     # -- lookups ------------------------------------------------------------------------
+    def address(self, node: str) -> str | None:
+        """Where replicas on ``node`` listen (None: a node this plane never saw)."""
+        return self._addresses.get(node)
+
     def record(self, name: str) -> DeploymentRecord | None:
         """The deployment a scheduling name stands for (None: unknown or gone)."""
         return self._records.get(name)
@@ -312,7 +337,7 @@ class DeploymentPlane:
         for row in self.deploys.replicas(statuses=ALIVE):
             if row.pid is not None:
                 continue
-            handle = self.executor.recover(row.run_dir, row.id)
+            handle = self.executor.recover(row.run_dir, REPLICA_RANK)
             if handle is not None and self.executor.poll(handle).phase is ReplicaPhase.RUNNING:
                 self.deploys.update_replica(row.id, pid=handle.pid, start_ticks=handle.start_ticks)
                 log.info("serving replica %d re-adopted (pid %d)", row.id, handle.pid)
@@ -383,9 +408,12 @@ class DeploymentPlane:
         self, rec: DeploymentRecord, row: ServingReplicaRecord, now: float, budget: list[float]
     ) -> ServingReplicaRecord:
         """A STARTING replica whose ``/readyz`` answers 200 becomes READY (cold start noted)."""
-        if row.status is not S.STARTING or row.pid is None or time.monotonic() > budget[0]:
+        host = self._addresses.get(row.node)
+        if row.status is not S.STARTING or row.pid is None or host is None:
             return row
-        got = _get_json(row.port, "/readyz", PROBE_TIMEOUT_S)
+        if time.monotonic() > budget[0]:
+            return row
+        got = _get_json(host, row.port, "/readyz", PROBE_TIMEOUT_S)
         if got is None or got[0] != 200:
             return row
         row = self.deploys.update_replica(row.id, status=S.READY, ready_at=now)
@@ -411,7 +439,6 @@ class DeploymentPlane:
     ) -> list[ServingReplicaRecord]:
         """Start replicas on free slots of nodes short of their grant; drain the newest
         beyond it. Returns the deployment's live rows after the changes."""
-        nodes = {n.name: n.slots for n in self.executor.nodes()}
         out = list(rows)
         for node in sorted(set(want) | {r.node for r in rows}):
             serving = [r for r in out if r.node == node and r.status in SERVING]
@@ -429,9 +456,9 @@ class DeploymentPlane:
                 missing -= 1
             if missing <= 0 or now < self._retry_at.get(rec.id, -math.inf):
                 continue
-            free = [s for s in range(nodes.get(node, 0)) if (node, s) not in taken]
+            free = [s for s in range(self._slots.get(node, 0)) if (node, s) not in taken]
             for slot in free[:missing]:
-                started = self._start_replica(rec, node, slot, now)
+                started = self._start_replica(rec, node, self._addresses[node], slot, now)
                 taken.add((node, slot))
                 if started is not None:
                     out.append(started)
@@ -498,14 +525,18 @@ class DeploymentPlane:
                 self._terminate(row, now)
 
     def _start_replica(
-        self, rec: DeploymentRecord, node: str, slot: int, now: float
+        self, rec: DeploymentRecord, node: str, address: str, slot: int, now: float
     ) -> ServingReplicaRecord | None:
         """Row first, then the process, then its pid (a crash in between is found again by
-        :meth:`_recover`)."""
+        :meth:`_recover`).
+
+        The port is one free on the controller's machine: on a remote node (Ray) it may be
+        taken there. Such a replica cannot listen, exits 1 before it is ready, and is started
+        again (after the crash backoff, 1 s the first time) with another port."""
         spec = rec.spec
         port = free_port()
         try:
-            argv = self._argv(rec, port)
+            argv = self._argv(rec, port, address)
         except (OSError, ValueError) as exc:  # a pinned version gone from the model's root
             self._retry_at[rec.id] = now + MAX_BACKOFF_S
             self._event(rec, f"cannot start a replica: {exc}", now)
@@ -530,7 +561,7 @@ class DeploymentPlane:
         replica = ReplicaSpec(
             job_id=f"deploy-{rec.id}",
             attempt=0,
-            rank=row.id,
+            rank=REPLICA_RANK,
             world_size=1,
             argv=argv,
             cwd=str(job_dir),
@@ -557,9 +588,10 @@ class DeploymentPlane:
             self._event(rec, f"replica on {node}:{slot} failed to start: {result}", now)
             return None
         row = self.deploys.update_replica(row.id, pid=result.pid, start_ticks=result.start_ticks)
+        how = f"pid {result.pid}" if result.pid > 0 else f"through {self.executor.name}"
         self._event(
             rec,
-            f"replica {row.id} starting on {node}:{slot} (port {port}, pid {result.pid})",
+            f"replica {row.id} starting on {node}:{slot} (at {address}:{port}, {how})",
             now,
             replica=row.id,
             node=node,
@@ -567,12 +599,12 @@ class DeploymentPlane:
         )
         return row
 
-    def _argv(self, rec: DeploymentRecord, port: int) -> tuple[str, ...]:
+    def _argv(self, rec: DeploymentRecord, port: int, host: str = HOST) -> tuple[str, ...]:
         spec: DeploymentSpec = rec.spec
         model = f"{spec.model}={self._model_root(rec)}"
         return (
             self.python, "-m", "coadapt.serve", "run", "--model", model,
-            "--host", HOST, "--port", str(port), "--workers", str(spec.workers),
+            "--host", host, "--port", str(port), "--workers", str(spec.workers),
             "--threads", str(spec.threads), "--slo-ms", str(spec.slo_ms),
         )  # fmt: skip
 
@@ -606,14 +638,19 @@ class DeploymentPlane:
         res: Reservation | None,
         rows: Iterable[ServingReplicaRecord],
     ) -> RouteTable | None:
-        """Rewrite the gateway's route table when what it says changes (generation + 1)."""
+        """Rewrite the gateway's route table when what it says changes (generation + 1). A
+        backend is its replica's node address (a ready replica on a node never seen since the
+        controller started is left out: its node left, and the executor reports it lost)."""
         gw_dir = self.run_dir(rec.id) / "gateway"
-        ready = sorted((r for r in rows if r.status is S.READY), key=lambda r: r.id)
+        ready = sorted(
+            (r for r in rows if r.status is S.READY and r.node in self._addresses),
+            key=lambda r: r.id,
+        )
         table = RouteTable(
             deployment=name,
             model=rec.spec.model,
             generation=0,
-            backends=tuple(Backend(str(r.id), HOST, r.port) for r in ready),
+            backends=tuple(Backend(str(r.id), self._addresses[r.node], r.port) for r in ready),
             admit_rps=res.admit_rps if res is not None else None,
             retry_after_s=max(res.retry_after_s, 1.0) if res is not None else 60.0,
             slo_s=rec.spec.slo_ms / 1000.0,

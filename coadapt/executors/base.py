@@ -45,6 +45,10 @@ class NodeInventory:
     # Every slot of a node has one GPU type (coadapt.executors.gpu_types); a machine or
     # cluster that declares none is the one type DEFAULT_GPU_TYPE.
     gpu_type: str = DEFAULT_GPU_TYPE
+    # Where other machines reach a service on this node (a serving replica's listen address,
+    # which the controller's gateway connects to): a Ray node's IP; a single machine's own
+    # loopback, where the controller runs too.
+    address: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

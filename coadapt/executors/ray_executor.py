@@ -2,7 +2,9 @@
 
 Inventory: Ray's alive nodes, each with as many slots as it has of the slot resource (``GPU``
 when the cluster has GPUs, else a configured custom resource such as ``coadapt_slot`` that
-each node declares, or ``CPU``). Nodes are named ``<ip>-<node id prefix>``.
+each node declares, or ``CPU``). Nodes are named ``<ip>-<node id prefix>``; a node's
+``address`` is that IP (Ray's ``NodeManagerAddress``), where the controller's deployment
+gateways reach the serving replicas on it.
 
 One attempt of a job is one detached placement group with one bundle per replica; bundle ``i``
 carries a label selector on ``ray.io/node-id``, so the group realises exactly the policy's
@@ -298,9 +300,11 @@ class RayExecutor:
             slots = int(n.get("Resources", {}).get(self.slot_resource, 0))
             if slots <= 0:
                 continue
-            name = node_name(str(n["NodeManagerAddress"]), str(n["NodeID"]))
+            ip = str(n["NodeManagerAddress"])
+            name = node_name(ip, str(n["NodeID"]))
             self._node_ids[name] = str(n["NodeID"])
-            inventory.append(NodeInventory(name, slots, node_gpu_type(n.get("Resources", {}))))
+            gpu_type = node_gpu_type(n.get("Resources", {}))
+            inventory.append(NodeInventory(name, slots, gpu_type, address=ip))
         self._inventory = sorted(inventory, key=lambda x: x.name)
         self._inventory_at = now
         return list(self._inventory)

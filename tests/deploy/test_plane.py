@@ -116,7 +116,7 @@ def reap(
     """Nothing outlives a test, whatever it did: kill every replica and gateway, and reap
     the ones this process started (no zombie, no ResourceWarning)."""
     handles = [
-        ReplicaHandle(r.pid, r.start_ticks, r.run_dir, r.id)
+        ReplicaHandle(r.pid, r.start_ticks, r.run_dir, 0)
         for r in deploys.replicas()
         if r.pid is not None
     ]
@@ -189,12 +189,12 @@ def test_a_restarted_plane_adopts_a_replica_whose_pid_was_never_recorded(world: 
     run_dir = world.state_dir / "deployments" / str(rec.id) / "replicas" / "crash"
     run_dir.mkdir(parents=True)
     port = free_port()
-    row = world.deploys.add_replica(
+    world.deploys.add_replica(
         rec.id, "local", 0, port, str(run_dir), str(run_dir / "replica.log"), time.time()
     )
     argv = world.plane._argv(rec, port)
     handle = world.executor.launch(
-        ReplicaSpec(f"deploy-{rec.id}", 0, row.id, 1, argv, str(run_dir), str(run_dir),
+        ReplicaSpec(f"deploy-{rec.id}", 0, 0, 1, argv, str(run_dir), str(run_dir),
                     str(run_dir / "replica.log"), 0, dict(os.environ), "local")
     )  # fmt: skip
     # An orphan row of a launch that never happened: it simply ends.
@@ -202,7 +202,7 @@ def test_a_restarted_plane_adopts_a_replica_whose_pid_was_never_recorded(world: 
         rec.id, "local", 1, free_port(), str(run_dir / "g"), str(run_dir / "g.log"), time.time()
     )
     deadline = time.monotonic() + 10
-    while not (run_dir / f"rank{row.id}.pid").exists() and time.monotonic() < deadline:
+    while not (run_dir / "rank0.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     world.executors.append(LocalExecutor(slots=2, warm=False))
     world.plane = DeploymentPlane(world.deploys, world.executors[-1], world.state_dir)
