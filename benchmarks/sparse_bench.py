@@ -18,7 +18,9 @@ batch 2048 per worker, 13 dense features, bottom MLP 13-512-256-64, dot interact
 
 * ``speed/coadapt/<W>x<S>``: W worker processes (dense gradients all-reduced with gloo) and S
   shard server processes on 127.0.0.1, plus one pull + push round trip of a 2048 x 26 batch;
-* ``speed/coadapt/local``: one process, in-process store (no sockets);
+* ``speed/coadapt/<W>x<S>+prefetch``: the same, the worker announcing batch t + 1's IDs
+  (``SparseEmbeddingCollection.prefetch``) so their pull follows batch t's push at once;
+* ``speed/coadapt/local``: one process, in-process store (no sockets), interleaved with W = 1;
 * ``speed/nn_embeddingbag/<W>``: 26 plain ``nn.EmbeddingBag`` (sparse grads,
   ``torch.optim.Adagrad``);
 * ``speed/torchrec/<W>``: TorchRec ``DistributedModelParallel`` with fused row-wise AdaGrad, when
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -213,6 +216,7 @@ def speed_child(
         from coadapt.sparse.server import TableSpec
 
         names = [f"t{i}" for i in range(N_TABLES)]
+        extra, _, variant = extra.partition("+")  # "+prefetch": pull batch t+1 after t's push
         store: SparseStore
         if extra == "local":
             store = LocalStore([TableSpec(n, DIM, "rowwise_adagrad", {"lr": LR}) for n in names])
@@ -227,13 +231,20 @@ def speed_child(
             import torch.distributed as dist
 
             dist.barrier()
-        model = DLRM(SparseEmbeddingCollection(names, DIM, store=store), DIM)
+        emb = SparseEmbeddingCollection(names, DIM, store=store)
+        model = DLRM(emb, DIM)
         params = list(model.parameters())
         opt = torch.optim.SGD(params, lr=LR)
+        # the batch after each one (what a pipelined data loader knows a step ahead)
+        following = {id(a[1]): b[1] for a, b in itertools.pairwise(batches)}
 
         def step(dense: Any, cats: Any, y: Any) -> None:
             opt.zero_grad()
-            loss_fn(model(dense, cats), y).backward()
+            logits = model(dense, cats)
+            nxt = following.get(id(cats))
+            if variant == "prefetch" and nxt is not None:
+                emb.prefetch(nxt)  # sent right after this batch's push: s = 0 stays exact
+            loss_fn(logits, y).backward()
             _allreduce_grads(params, world)
             opt.step()
 
@@ -330,6 +341,8 @@ def speed_child(
     else:
         raise ValueError(f"unknown speed kind {kind!r}")
     secs = _time_steps(step, batches, warmup)
+    if kind == "coadapt" and hasattr(store, "prefetch_hits"):
+        info["prefetch_hits"] = store.prefetch_hits  # pulls a prefetch answered
     return dict(info, rank=rank, seconds=secs, samples_per_s=steps * SPEED_BATCH / secs)
 
 
@@ -365,7 +378,7 @@ def _run_workers(kind: str, world: int, steps: int, extra: str) -> dict[str, Any
         "samples_per_s": world * steps * SPEED_BATCH / secs,
         "ms_per_step": 1e3 * secs / steps,
     }
-    for k in ("pull_ms", "push_ms"):
+    for k in ("pull_ms", "push_ms", "prefetch_hits"):
         if k in outs[0]:
             res[k] = outs[0][k]
     return res
@@ -402,27 +415,38 @@ def speed_section(workers: list[int], steps: int, repeats: int = 2) -> list[dict
     }
     have_tr = torchrec_available()
     specs = speed_specs()
-    local = _best([_run_workers("coadapt", 1, steps, "local") for _ in range(repeats)])
-    rows.append(dict(common, name="speed/coadapt/local", workers=1, servers=0, **local))
+    locs: list[dict[str, Any]] = []  # in-process store: run with the W = 1 repeats
     for w in workers:
         trs, ebs, cos = [], [], []
         with tempfile.TemporaryDirectory() as work, running_servers(specs, w, work) as procs:
             ports = ",".join(str(p.port) for p in procs)
+            pfs: list[dict[str, Any]] = []
             for _ in range(repeats):
                 if have_tr:
                     trs.append(_run_workers("torchrec", w, steps, "-"))
                 ebs.append(_run_workers("embeddingbag", w, steps, "-"))
                 cos.append(_run_workers("coadapt", w, steps, ports))
+                pfs.append(_run_workers("coadapt", w, steps, ports + "+prefetch"))
+                if w == 1:
+                    locs.append(_run_workers("coadapt", 1, steps, "local"))
         rows.append(dict(common, name=f"speed/nn_embeddingbag/{w}", workers=w, **_best(ebs)))
         tr = _best(trs) if trs else None
         if tr is not None:
             rows.append(dict(common, name=f"speed/torchrec/{w}", workers=w, **tr))
-        co = _best(cos)
-        row = dict(common, name=f"speed/coadapt/{w}x{w}", workers=w, servers=w, **co)
-        if tr is not None:
-            row["torchrec_samples_per_s"] = tr["samples_per_s"]
-            row["speedup_vs_torchrec"] = co["samples_per_s"] / tr["samples_per_s"]
-        rows.append(row)
+        variants = [(f"{w}x{w}", w, cos), (f"{w}x{w}+prefetch", w, pfs)]
+        if w == 1 and locs:
+            variants.insert(0, ("local", 0, locs))
+        for label, servers, runs in variants:
+            co = _best(runs)
+            name = f"speed/coadapt/{label}"
+            row = dict(common, name=name, workers=w, servers=servers, **co)
+            if tr is not None:
+                row["torchrec_samples_per_s"] = tr["samples_per_s"]
+                row["speedup_vs_torchrec"] = co["samples_per_s"] / tr["samples_per_s"]
+            rows.append(row)
+    if 1 not in workers:
+        local = _best([_run_workers("coadapt", 1, steps, "local") for _ in range(repeats)])
+        rows.append(dict(common, name="speed/coadapt/local", workers=1, servers=0, **local))
     return rows
 
 

@@ -15,6 +15,10 @@ server by at most ``s`` steps of everyone's updates, own ones included; ``max_st
 the worst lag actually served. The cache is itself an :class:`EmbeddingTable` whose last column
 holds the fetch step (int32 bits), with ``ttl = s + 1`` so dead rows are expired, not hoarded.
 
+With ``s = 0`` a worker may announce the next batch's IDs (:meth:`PSClient.prefetch`): their
+pull goes out in the background right behind the current push, on the same connections, and the
+next :meth:`PSClient.pull_joined` of exactly those IDs at the same step takes its rows.
+
 :class:`LocalStore` has the same ``pull``/``push`` API over an in-process
 :class:`~coadapt.sparse.server.ShardState`: no servers, for tests and single-process runs.
 """
@@ -109,6 +113,21 @@ class LocalStore:
     def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
         st, memo = self.state, self._memo
         return {n: st.pull(self._t(n), k, now=self.step, memo=memo) for n, k in ids.items()}
+
+    def pull_joined(self, ids: Mapping[str, U64]) -> F32:
+        """Rows of tables of one dim as one (total, dim) array in ``ids`` order, each table
+        written straight into its slice (no concatenation copy)."""
+        ts = [(self._t(n), k) for n, k in ids.items()]
+        dims = {self.state.specs[t].dim for t, _ in ts}
+        if len(dims) != 1:
+            raise ValueError(f"a joined pull needs tables of one dim, got dims {sorted(dims)}")
+        dim = dims.pop()
+        out = np.empty((sum(k.size for _, k in ts), dim), np.float32)
+        off = 0
+        for t, k in ts:
+            self.state.pull(t, k, now=self.step, out=out[off : off + k.size], memo=self._memo)
+            off += k.size
+        return out
 
     def push(self, grads: Mapping[str, tuple[U64, F32]]) -> None:
         for name, (k, g) in grads.items():
@@ -229,6 +248,7 @@ class PSClient:
         self.max_staleness = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.prefetch_hits = 0  # pulls answered by a prefetch
         self.bytes_pushed = 0
         self.bytes_pushed_raw = 0
         self.compression = compression
@@ -239,6 +259,8 @@ class PSClient:
         self._pool = ThreadPoolExecutor(self.num_shards) if self.num_shards > 1 else None
         self._bg = ThreadPoolExecutor(1) if async_push else None
         self._pending: Future[None] | None = None
+        # a prefetched pull: (step it was sent at, its ids per table, the rows it returns)
+        self._prefetch: tuple[int, dict[int, U64], Future[F32]] | None = None
 
     def _handshake(self, addresses: Sequence[tuple[str, int]]) -> None:
         """Check every server is the shard the client thinks it is, with the same tables."""
@@ -300,11 +322,12 @@ class PSClient:
         out: dict[int, F32] = {}
         if self.num_shards == 1 and replies[0] is not None:
             # one shard: the reply already holds every table's rows in request order
+            flat = np.frombuffer(replies[0], np.float32)
             off = 0
             for t, k in wanted.items():
                 dim = self.specs[t].dim
-                out[t] = np.frombuffer(replies[0], np.float32, k.size * dim, off).reshape(-1, dim)
-                off += 4 * k.size * dim
+                out[t] = flat[off : off + k.size * dim].reshape(-1, dim)
+                off += k.size * dim
             return out
         for t, k in wanted.items():
             out[t] = np.empty((k.size, self.specs[t].dim), np.float32)
@@ -322,8 +345,76 @@ class PSClient:
                 off += 4 * sel.size * dim
         return out
 
+    def _joined_fetch(self, ts: dict[int, U64]) -> F32:
+        """``_fetch`` of tables of one dim as one (total, dim) array in request order: with
+        one shard a view of the reply buffer itself (no concatenation copy)."""
+        got = self._fetch(ts)
+        dims = {self.specs[t].dim for t in ts}
+        total = sum(k.size for k in ts.values())
+        if len(dims) != 1:
+            raise ValueError(f"a joined pull needs tables of one dim, got dims {sorted(dims)}")
+        dim = dims.pop()
+        parts = list(got.values())
+        if self.num_shards == 1 and parts and parts[0].base is not None:
+            flat = np.frombuffer(parts[0].base, np.float32)  # the reply, every table in order
+            if flat.size == total * dim:
+                return flat.reshape(total, dim)
+        return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
+
+    def prefetch(self, ids: Mapping[str, U64]) -> None:
+        """Start the pull of ``ids`` now, in the background, behind every push already sent.
+
+        The next :meth:`pull_joined` of exactly these ids (same tables, same order) returns its
+        rows, provided no push was sent after this call; anything else discards it and pulls
+        afresh. The connection serves requests in order, so the prefetched rows already hold
+        every earlier push: ``s = 0`` stays exact. Call it once the current batch's push is out
+        (:class:`~coadapt.sparse.embedding.SparseEmbeddingCollection.prefetch` does) and the
+        servers work on batch t + 1 while the worker finishes batch t. No-op with a cache
+        (``staleness > 0``) or without ``async_push``."""
+        if self.staleness or self._bg is None:
+            return
+        self._drop_prefetch()
+        ts = {self._t(name): as_u64_keys(k, "ids") for name, k in ids.items()}
+        self._prefetch = (self.step, ts, self._bg.submit(self._joined_fetch, ts))
+
+    def _drop_prefetch(self) -> None:
+        pre, self._prefetch = self._prefetch, None
+        if pre is not None:
+            pre[2].result()  # let it finish (and surface its error) before the socket is reused
+
+    def _take_prefetch(self, ts: dict[int, U64]) -> F32 | None:
+        """The prefetched rows if they answer exactly ``ts`` at the current step, else None."""
+        pre, self._prefetch = self._prefetch, None
+        if pre is None:
+            return None
+        step, want, fut = pre
+        rows = fut.result()
+        same = (
+            step == self.step
+            and list(want) == list(ts)
+            and all(np.array_equal(want[t], k) for t, k in ts.items())
+        )
+        if not same:
+            return None
+        self.prefetch_hits += 1
+        return rows
+
+    def pull_joined(self, ids: Mapping[str, U64]) -> F32:
+        """Rows of unique ``ids`` of tables of one dim as one (total, dim) array, in ``ids``
+        order (what an embedding collection gathers from); a matching :meth:`prefetch` answers
+        it without a round trip."""
+        ts = {self._t(name): as_u64_keys(k, "ids") for name, k in ids.items()}
+        if self.staleness:
+            got = self.pull(ids)
+            return np.concatenate([got[self.specs[t].name] for t in ts])
+        pre = self._take_prefetch(ts)
+        self.wait()
+        self.cache_misses += sum(k.size for k in ts.values())
+        return pre if pre is not None else self._joined_fetch(ts)
+
     def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
         """Rows of unique ``ids`` per table, from the SSP cache when fresh enough."""
+        self._drop_prefetch()
         self.wait()
         ts = {self._t(name): as_u64_keys(k, "ids") for name, k in ids.items()}
         if self.staleness == 0:
@@ -462,6 +553,7 @@ class PSClient:
     def save(self, meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Checkpoint every shard in parallel (one atomic file each); ``meta`` (e.g. a stream
         offset) is stored in every shard file. Flushes compression residuals first."""
+        self._drop_prefetch()  # the flush below changes rows without advancing the step
         self.wait()
         for (t, s), comp in self._compressors.items():
             payload = comp.flush()
@@ -507,6 +599,7 @@ class PSClient:
     def restore(self, seq: int) -> None:
         """Every shard reloads its file of checkpoint generation ``seq`` (a consistent rollback);
         drops the SSP cache and compression residuals, which belong to the abandoned state."""
+        self._drop_prefetch()
         self.wait()
         body = [json.dumps({"seq": seq}).encode()]
         self._fanout(lambda s: self.conns[s].call(OP_LOAD, [], body), range(self.num_shards))
@@ -546,6 +639,7 @@ class PSClient:
 
     def close(self) -> None:
         try:
+            self._drop_prefetch()
             self.wait()
         finally:
             for c in self.conns:

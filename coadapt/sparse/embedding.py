@@ -16,7 +16,7 @@ in-process table + optimizer): tests and single-process runs need no servers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,6 +52,7 @@ class _Record:
     names: list[str]
     ids: list[np.ndarray]
     bounds: list[int]
+    after_push: Callable[[], None] | None = None
 
     def push(self, grad: torch.Tensor) -> None:
         g = grad.detach().to(torch.float32).contiguous().numpy()
@@ -61,6 +62,8 @@ class _Record:
                 for i, (n, k) in enumerate(zip(self.names, self.ids, strict=True))
             }
         )
+        if self.after_push is not None:
+            self.after_push()
 
 
 class _PullRows(torch.autograd.Function):
@@ -110,20 +113,45 @@ def _check_store(store: SparseStore, names: Sequence[str], dim: int) -> None:
             raise ValueError(f"sparse table {n!r} has dim {have} on the store, module asks {dim}")
 
 
+def _fetch_joined(store: SparseStore, names: list[str], uniq: list[np.ndarray]) -> np.ndarray:
+    """All tables' rows in one (total, dim) array: the store's ``pull_joined`` when it has one
+    (rows land in one buffer), else ``pull`` + concatenation (stores such as serving's)."""
+    want = dict(zip(names, uniq, strict=True))
+    joined = getattr(store, "pull_joined", None)
+    if joined is not None:
+        return np.asarray(joined(want))
+    got = store.pull(want)
+    return got[names[0]] if len(names) == 1 else np.concatenate([got[n] for n in names])
+
+
 def _pull_rows(
     store: SparseStore, names: list[str], ids: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray], list[int], _Record]:
     """Dedupe per table, pull all tables at once: (rows, inverses, bounds, backward record)."""
+    return _fetch_rows(store, names, *_dedupe_all(ids))
+
+
+def _dedupe_all(ids: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """Per table: unique IDs and inverses; and where each table's block starts in the rows."""
     uniq, invs = [], []
     for k in ids:
         u, inv = dedupe(k)
         uniq.append(u)
         invs.append(inv)
-    got = store.pull(dict(zip(names, uniq, strict=True)))
     bounds = [0]
     for u in uniq:
         bounds.append(bounds[-1] + u.size)
-    rows = got[names[0]] if len(names) == 1 else np.concatenate([got[n] for n in names])
+    return uniq, invs, bounds
+
+
+def _fetch_rows(
+    store: SparseStore,
+    names: list[str],
+    uniq: list[np.ndarray],
+    invs: list[np.ndarray],
+    bounds: list[int],
+) -> tuple[np.ndarray, list[np.ndarray], list[int], _Record]:
+    rows = _fetch_joined(store, names, uniq)
     if not rows.flags.writeable:
         rows = rows.copy()
     return rows, invs, bounds, _Record(store, names, uniq, bounds)
@@ -228,26 +256,71 @@ class SparseEmbeddingCollection(nn.Module):
         self.dim = dim
         self.mode = mode
         self._anchor = torch.zeros(0, requires_grad=True)
+        # prefetch(): the next batch's IDs and their dedupe; whether to send it after a push
+        self._next: tuple[np.ndarray, list[np.ndarray], list[np.ndarray], list[int]] | None = None
+        self._awaiting_push = False
+        self._send_after_push = False
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _check_ids(self, ids: torch.Tensor) -> None:
         nf = len(self.table_names)
         if ids.dim() not in (2, 3) or ids.shape[1] != nf:
             raise ValueError(
                 f"ids must be (B, {nf}) or (B, {nf}, L) for {nf} tables, got {tuple(ids.shape)}"
             )
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Announce the next batch's (B, F) IDs so the store pulls their rows while this batch
+        finishes (TorchRec's pipelines do the same with the next batch's input distribution).
+
+        Call it after this batch's forward: the pull is sent right after this batch's push
+        (from its backward), on the same connection, so it sees that push and ``s = 0`` stays
+        exact; called after the backward, it is sent at once. The next ``forward`` with exactly
+        these IDs uses the fetched rows; any other forward, or a push in between, just pulls
+        afresh. A no-op for stores without ``prefetch`` (in-process) and for (B, F, L) IDs."""
+        self._check_ids(ids)
+        prefetch = getattr(self.store, "prefetch", None)
+        if prefetch is None or ids.dim() != 2:
+            return
+        arr = ids_to_numpy(ids).copy()  # the caller may reuse its tensor
+        uniq, invs, bounds = _dedupe_all([arr[:, f] for f in range(arr.shape[1])])
+        self._next = (arr, uniq, invs, bounds)
+        if self._awaiting_push:
+            self._send_after_push = True
+        else:
+            prefetch(dict(zip(self.table_names, uniq, strict=True)))
+
+    def _pushed(self) -> None:
+        """Backward pushed this batch's gradients: send the announced prefetch now."""
+        self._awaiting_push = False
+        if self._send_after_push and self._next is not None:
+            self._send_after_push = False
+            prefetch = getattr(self.store, "prefetch", None)
+            if prefetch is not None:
+                prefetch(dict(zip(self.table_names, self._next[1], strict=True)))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self._check_ids(ids)
+        nf = len(self.table_names)
         arr = ids_to_numpy(ids)
-        cols = [np.ascontiguousarray(arr[:, f]).reshape(-1) for f in range(nf)]
         b = ids.shape[0]
         if ids.dim() == 2:  # one gather node whose backward pushes (no F.embedding backward)
-            rows_np, invs, bounds, record = _pull_rows(self.store, self.table_names, cols)
+            nxt, self._next, self._send_after_push = self._next, None, False
+            if nxt is not None and np.array_equal(nxt[0], arr):
+                rows_np, invs, bounds, record = _fetch_rows(self.store, self.table_names, *nxt[1:])
+            else:
+                cols = [arr[:, f] for f in range(nf)]
+                rows_np, invs, bounds, record = _pull_rows(self.store, self.table_names, cols)
             index = torch.from_numpy(
                 np.stack([inv + bounds[f] for f, inv in enumerate(invs)], axis=1)
             )
             rows_t = torch.from_numpy(rows_np)
             if torch.is_grad_enabled():
+                record.after_push = self._pushed
+                self._awaiting_push = True
                 out: torch.Tensor = _PullGather.apply(self._anchor, rows_t, index, record)
                 return out
             return rows_t.index_select(0, index.reshape(-1)).view(b, nf, self.dim)
+        cols = [np.ascontiguousarray(arr[:, f]).reshape(-1) for f in range(nf)]
         rows, invs, bounds = _pull(self.store, self._anchor, self.table_names, cols)
         per = [inv.reshape(b, -1) + bounds[f] for f, inv in enumerate(invs)]
         glob = torch.from_numpy(np.stack(per, axis=1))  # (B, F, L)

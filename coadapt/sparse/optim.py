@@ -195,9 +195,11 @@ class RowwiseAdaGrad:
         acc = rows[:, dim : dim + 1]
         # float32 sum over a fixed-length axis: deterministic (numpy's pairwise order is fixed).
         acc += np.sum(grads * grads, axis=1, dtype=_F32, keepdims=True) / _F32(dim)
-        denom = np.sqrt(acc)
-        denom += _F32(self.eps)
-        rows[:, :dim] -= _F32(self.lr) * grads / denom
+        # one (n, 1) step size per row, then one full-size temporary (lr * g / d made two)
+        step_size = np.sqrt(acc)
+        step_size += _F32(self.eps)
+        np.divide(_F32(self.lr), step_size, out=step_size)
+        rows[:, :dim] -= np.multiply(grads, step_size)
 
 
 @dataclass(frozen=True)

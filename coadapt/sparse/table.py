@@ -421,11 +421,35 @@ class EmbeddingTable:
     ) -> tuple[
         npt.NDArray[np.uint64], F32Array, npt.NDArray[Any] | None, npt.NDArray[np.uint32] | None
     ]:
-        """Copy a segment's items out and clear it (the only transient copy: 1/segments)."""
+        """Copy a segment's items out and clear it (the only transient copy: 1/segments).
+
+        Read slice by slice into arrays sized from the segment's count, so no slot-index array
+        of the whole segment (8 bytes an item, more than a dim-1 row) exists next to the copy."""
         base = s * self._seg_slots
         cap = int(self._nb[s]) * BUCKET
-        occ = np.flatnonzero(self._keys[base : base + cap]) + base
-        items = self._read(occ)
+        n = int(self._size[s])
+        keys = np.empty(n, np.uint64)
+        rows = np.empty((n, self.width), np.float32)
+        age = None if self._age is None else np.empty(n, self._age.dtype)
+        cnt = None if self._cnt is None else np.empty((n, 2), np.uint32)
+        row = np.dtype((np.void, 4 * self.width))
+        got = 0
+        for a in range(0, cap, 8 * _CHUNK):
+            occ = np.flatnonzero(self._keys[base + a : base + min(cap, a + 8 * _CHUNK)])
+            occ += base + a
+            end = got + occ.size
+            if end > n:
+                raise RuntimeError(f"embedding table segment {s} holds more keys than counted")
+            np.take(self._keys, occ, out=keys[got:end])
+            np.take(self._row_view(), occ, out=rows.view(row).reshape(-1)[got:end])
+            if age is not None and self._age is not None:
+                np.take(self._age, occ, out=age[got:end])
+            if cnt is not None and self._cnt is not None:
+                cnt[got:end] = self._cnt[occ]
+            got = end
+        if got != n:
+            raise RuntimeError(f"embedding table segment {s} holds fewer keys than counted")
+        items = (keys, rows, age, cnt)
         self.generation += 1
         self._keys[base : base + cap] = 0
         self._size[s] = 0
@@ -529,13 +553,17 @@ class EmbeddingTable:
         cnt: npt.NDArray[np.uint32] | None,
     ) -> None:
         """Grow segments that would exceed MAX_LOAD (one at a time), then place the items."""
-        incoming = np.bincount(seg, minlength=self.segments)
+        self._grow_for(np.bincount(seg, minlength=self.segments))
+        self._place_chunked(stored, seg, rows, age, cnt)
+
+    def _grow_for(self, incoming: I64Array) -> None:
+        """Grow (and rehash) each segment that ``incoming`` more items would push over
+        MAX_LOAD, one segment at a time, so the transient copy stays ~1/segments."""
         over = np.flatnonzero(self._size + incoming > MAX_LOAD * self._nb * BUCKET)
         for s in over.tolist():
             items = self._grow(int(s), int(incoming[s]))
             self._place_chunked(items[0], int(s), *items[1:])
             del items
-        self._place_chunked(stored, seg, rows, age, cnt)
 
     def _place_chunked(
         self,
@@ -607,28 +635,63 @@ class EmbeddingTable:
         idx = self._find(stored, seg)
         miss = np.flatnonzero(idx < 0)
         if miss.size:
-            uniq, first, counts = np.unique(stored[miss], return_index=True, return_counts=True)
-            useg = seg[miss][first]
-            if self.sketch is not None:
-                seen = self.sketch.add(k[miss][first], counts)
-                adm = seen >= self.admit_after
-                uniq, useg = uniq[adm], useg[adm]
-            if uniq.size:
-                self._insert_new(uniq, useg, *self._payload(uniq.size))
-                del uniq, useg, first, counts, idx
-                idx = self._find(stored, seg)  # placement may have moved existing rows
-                new[miss] = idx[miss] >= 0
-                if init is not None:
-                    nidx = np.unique(idx[new])
-                    fresh = self._rows[nidx]
-                    init(fresh)
-                    self._rows[nidx] = fresh
-                    del nidx, fresh
-                del stored, seg, miss
+            del idx  # not held through the insert: found again below
+            inserted = self._insert_missing(k, stored, seg, miss, init)
+            idx = self._find(stored, seg)  # placement may have moved existing rows
+            new[miss] = idx[miss] >= 0
+            del stored, seg, miss
+            if inserted:
                 _trim_heap()  # after the temporaries are gone
         if now is not None:
             self.touch(idx, now)
         return idx, new
+
+    def _insert_missing(
+        self,
+        k: npt.NDArray[np.uint64],
+        stored: npt.NDArray[np.uint64],
+        seg: I64Array,
+        miss: I64Array,
+        init: Callable[[F32Array], None] | None,
+    ) -> bool:
+        """Insert the admitted keys at positions ``miss`` in slices of ``_CHUNK`` positions;
+        returns whether anything was inserted. Slicing bounds the transients (unique, payload,
+        the rows handed to ``init``) by the slice, not the caller's batch: at 10M dim-1 rows
+        the batch-sized ones were a third of the process peak's excess over the table. A key
+        repeated in a later slice is found there (inserted by an earlier slice), not re-added;
+        admission counts per slice add up to the same sketch counts as one batch."""
+        if self.sketch is None and miss.size > _CHUNK:
+            # Grow once for the whole batch (as one unsliced insert would) before placing it
+            # slice by slice: growing per slice rehashes small segments several times per call.
+            # These batch-sized temporaries are gone before any segment is copied out.
+            first = np.unique(stored[miss], return_index=True)[1]
+            incoming = np.bincount(seg[miss[first]], minlength=self.segments)
+            del first
+            self._grow_for(incoming)
+        inserted = False
+        for a in range(0, miss.size, _CHUNK):
+            m = miss[a : a + _CHUNK]
+            uniq, first, counts = np.unique(stored[m], return_index=True, return_counts=True)
+            useg = seg[m][first]
+            if inserted:  # an earlier slice may have inserted some of these keys
+                absent = self._find(uniq, useg) < 0
+                uniq, useg = uniq[absent], useg[absent]
+                first, counts = first[absent], counts[absent]
+            if self.sketch is not None:
+                seen = self.sketch.add(k[m][first], counts)
+                adm = seen >= self.admit_after
+                uniq, useg = uniq[adm], useg[adm]
+            del first, counts
+            if not uniq.size:
+                continue
+            self._insert_new(uniq, useg, *self._payload(uniq.size))
+            inserted = True
+            if init is not None:
+                nidx = np.sort(self._find(uniq, useg))  # slot order, as one batch's init
+                fresh = self._rows[nidx]
+                init(fresh)
+                self._rows[nidx] = fresh
+        return inserted
 
     def assign(
         self, keys: npt.ArrayLike, rows: npt.ArrayLike, now: float | None = None

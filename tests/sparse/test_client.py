@@ -19,11 +19,14 @@ REF = [TableSpec(f"ref{f}", DIM, "adagrad", HP) for f in range(NF)]
 REF_SYNC = [TableSpec(f"refsync{f}", DIM, "adagrad", HP) for f in range(NF)]
 SSP = [TableSpec(f"ssp{f}", DIM, "adagrad", {"lr": 0.1, "init_scale": 0.1}) for f in range(NF)]
 CMP = [TableSpec(f"cmp{f}", DIM, "adagrad", {"lr": 0.1, "init_scale": 0.1}) for f in range(NF)]
+REF_PRE = [TableSpec(f"refpre{f}", DIM, "adagrad", HP) for f in range(NF)]
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    with running_servers(REF + REF_SYNC + SSP + CMP, 2, tmp_path_factory.mktemp("ps")) as procs:
+    with running_servers(
+        REF + REF_SYNC + REF_PRE + SSP + CMP, 2, tmp_path_factory.mktemp("ps")
+    ) as procs:
         yield procs
 
 
@@ -55,12 +58,13 @@ def test_dedupe() -> None:
     assert u[inv].tolist() == [7, 3, 7, 2**64 - 1]
 
 
-@pytest.mark.parametrize("async_push", [True, False])
+@pytest.mark.parametrize(("async_push", "prefetch"), [(True, False), (False, False), (True, True)])
 def test_s0_with_two_shards_equals_dense_pytorch_reference(
-    servers: list[ServerProcess], async_push: bool
+    servers: list[ServerProcess], async_push: bool, prefetch: bool
 ) -> None:
     vocab = _vocab(1)
-    specs = REF if async_push else REF_SYNC  # fresh tables: the reference starts from zero state
+    # fresh tables per case: the reference starts from the servers' initial rows
+    specs = REF_PRE if prefetch else REF if async_push else REF_SYNC
     with PSClient([p.address for p in servers], staleness=0, async_push=async_push) as client:
         emb = SparseEmbeddingCollection([s.name for s in specs], DIM, store=client)
         # The reference starts from the servers' initial rows (pull creates them).
@@ -78,11 +82,15 @@ def test_s0_with_two_shards_equals_dense_pytorch_reference(
         ref_sparse = torch.optim.Adagrad(ref_emb.parameters(), lr=0.1, eps=1e-10)
         rng = np.random.default_rng(2)
         loss_fn = nn.BCEWithLogitsLoss()
-        for _ in range(6):
-            idx, ids = _batch(rng, vocab, 32)
+        batches = [_batch(rng, vocab, 32) for _ in range(7)]
+        for i in range(6):
+            idx, ids = batches[i]
             y = _labels(idx)
             opt.zero_grad()
-            loss = loss_fn(head(emb(torch.from_numpy(ids.view(np.int64))).flatten(1)).squeeze(1), y)
+            logits = head(emb(torch.from_numpy(ids.view(np.int64))).flatten(1)).squeeze(1)
+            if prefetch:  # batch i + 1's rows are pulled right after batch i's push
+                emb.prefetch(torch.from_numpy(batches[i + 1][1].view(np.int64)))
+            loss = loss_fn(logits, y)
             loss.backward()
             opt.step()
             ref_opt.zero_grad()
@@ -94,6 +102,7 @@ def test_s0_with_two_shards_equals_dense_pytorch_reference(
             ref_sparse.step()
             assert abs(loss.item() - ref_loss.item()) <= 1e-6
         assert client.step == 6
+        assert client.prefetch_hits == (5 if prefetch else 0)  # every later batch used one
         final = client.pull({s.name: vocab[f] for f, s in enumerate(specs)})
         for f, s in enumerate(specs):
             got = final[s.name]
@@ -102,6 +111,29 @@ def test_s0_with_two_shards_equals_dense_pytorch_reference(
             assert np.abs(got - init[s.name]).max() > 1e-3  # the rows really moved
         for a, b in zip(head.parameters(), ref_head.parameters(), strict=True):
             assert torch.allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_prefetch_is_discarded_when_a_push_or_other_ids_come_first(
+    servers: list[ServerProcess],
+) -> None:
+    """A prefetched pull answers only the next pull of the same IDs at the same step: a push
+    sent after it (which the prefetched rows do not contain) or other IDs make a fresh pull."""
+    names = [s.name for s in CMP]
+    ids = {n: np.arange(5, dtype=np.uint64) + 100 for n in names}
+    with PSClient([p.address for p in servers], staleness=0) as client:
+        before = client.pull_joined(ids).copy()
+        client.prefetch(ids)
+        client.push({n: (k, np.ones((k.size, DIM), np.float32)) for n, k in ids.items()})
+        after = client.pull_joined(ids)
+        assert client.prefetch_hits == 0
+        assert np.abs(after - before).min() > 1e-3  # the pushed update is visible
+        client.prefetch(ids)
+        other = {n: k + np.uint64(1) for n, k in ids.items()}
+        client.pull_joined(other)
+        assert client.prefetch_hits == 0
+        client.prefetch(ids)
+        assert np.array_equal(client.pull_joined(ids), after)
+        assert client.prefetch_hits == 1
 
 
 def test_ssp_s4_trains_and_never_exceeds_its_staleness(servers: list[ServerProcess]) -> None:

@@ -151,6 +151,39 @@ def test_init_callback_fills_new_rows_only() -> None:
     assert t.weights(idx).shape == (3, 2) and t.state(idx).shape == (3, 1)
 
 
+@pytest.mark.parametrize("admit_after", [1, 2])
+def test_a_batch_larger_than_a_slice_inserts_each_key_once_and_flags_every_copy(
+    admit_after: int,
+) -> None:
+    """Inserts run in slices of 8 192 positions: a key repeated in several slices becomes one
+    row, every position of a new key is flagged new, and init sees each new row once."""
+    rng = np.random.default_rng(5)
+    old = rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64)
+    t = EmbeddingTable(2, 3, admit_after=admit_after)
+    for _ in range(admit_after):
+        t.lookup_or_insert(old, init=lambda r: r.fill(1.0))
+    fresh = rng.integers(0, 2**64 - 1, 9000, dtype=np.uint64)
+    batch = np.concatenate([fresh, old, fresh, fresh[:500]])  # fresh keys in 3 of 3 slices
+    rng.shuffle(batch)
+    seen: list[int] = []
+
+    def init(r: np.ndarray) -> None:
+        seen.append(r.shape[0])
+        r.fill(2.0)
+
+    idx, new = t.lookup_or_insert(batch, init=init)
+    is_fresh = np.isin(batch, fresh)
+    if admit_after == 1:
+        assert len(t) == 12000 and sum(seen) == 9000
+        assert (idx >= 0).all() and np.array_equal(new, is_fresh)
+        assert (t.rows(idx)[:, 0] == np.where(is_fresh, 2.0, 1.0)).all()
+    else:  # fresh keys seen 2-3 times in this batch: admitted at their 2nd sighting
+        assert len(t) == 12000 and sum(seen) == 9000
+        assert np.array_equal(new, is_fresh & (idx >= 0))
+    assert np.array_equal(t.lookup(batch), idx)
+    assert t.lookup(fresh).min() >= 0
+
+
 def test_expiry_with_quantised_float_clock_is_never_early_and_at_most_two_quanta_late() -> None:
     t = EmbeddingTable(1, ttl=3600.0)  # 3600 > 64 steps: quantum = 3600 / 64 s
     q = 3600.0 / 64
