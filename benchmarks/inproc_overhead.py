@@ -11,7 +11,9 @@ ratio isolates what the library itself adds per step.
 ``--callgrind plain|library`` runs one loop under ``valgrind --tool=callgrind
 --instr-atstart=no`` (``train_bench.instructions_ratio`` starts it): after a warm-up the script
 switches instrumentation on for ``--steps`` steps only, so the count is instructions per
-steady-state step, independent of the machine's load.
+steady-state step, independent of the machine's load. With the torchrun variables set (RANK,
+WORLD_SIZE=2, ...) each rank is one such process and the plain loop runs under DDP with a
+DistributedSampler, the library's under its own comm hook.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from digits_cnn import CNN, digits
@@ -37,14 +41,27 @@ import coadapt.train as ct
 
 
 def plain_ms(train: torch.utils.data.Dataset, steps: int) -> float:
+    """The plain loop: DataLoader and SGD, under DDP with a DistributedSampler when this
+    process is one of several ranks (``--callgrind`` at two replicas)."""
     torch.manual_seed(0)
     net = CNN()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    loader = DataLoader(train, batch_size=64, shuffle=True, drop_last=True)
-    done, start = 0, time.perf_counter()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    model: torch.nn.Module = net
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] | None = None
+    if world > 1:
+        model = DistributedDataParallel(net)
+        sampler = DistributedSampler(train, world, dist.get_rank(), seed=0, drop_last=True)
+    loader = DataLoader(
+        train, batch_size=64 // world, shuffle=sampler is None, sampler=sampler, drop_last=True
+    )
+    done, start, epoch = 0, time.perf_counter(), 0
     while done < steps:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        epoch += 1
         for x, y in loader:
-            F.cross_entropy(net(x), y).backward()
+            F.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             done += 1

@@ -14,9 +14,10 @@
   other processes on a shared machine; with 2 replicas it leaves out the gloo threads).
 * overhead_*_ci_low / _ci_high: the 95% bootstrap interval of the median ratio, resampling the
   interleaved (plain, library) pairs (``bench_common.bootstrap_ratio_ci``); ``--repeats`` >= 10.
-* instructions_ratio_1r: instructions per optimizer step, library / plain, counted by
-  callgrind on steady-state steps of both loops (``inproc_overhead.py --callgrind``): does not
-  depend on the machine's load at all (``perf stat`` cannot read counters in this VM).
+* instructions_ratio_1r / _2r: instructions per optimizer step, library / plain, counted by
+  callgrind on steady-state steps of both loops (``inproc_overhead.py --callgrind``; at 2
+  replicas one valgrind per rank, all threads, summed over the ranks): does not depend on
+  the machine's load at all (``perf stat`` cannot read counters in this VM).
 * rescale_s: SIGUSR1 to an elastic 1-replica ``run-local --elastic`` job (control file says 2)
   → first optimizer step at 2 replicas, from the job's own ``first_step`` record: SIGTERM,
   checkpoint, exit, fork from the warm zygote, rendezvous, restore, first step.
@@ -124,51 +125,56 @@ def overhead(
     return res
 
 
-def instructions_ratio(steps: int = 20) -> dict[str, float]:
-    """Instructions per optimizer step (library / plain) under callgrind, 1 replica.
+def instructions_ratio(steps: int = 20, replicas: int = 1) -> dict[str, float]:
+    """Instructions per optimizer step (library / plain) under callgrind, 1 or 2 replicas.
 
-    Each loop runs in its own process under ``valgrind --tool=callgrind
+    Each loop runs in its own process (one per rank) under ``valgrind --tool=callgrind
     --instr-atstart=no``; the script switches instrumentation on only around a run of
     ``steps`` and one of ``2 * steps`` steps (after a warm-up), each dumped to its own file;
     their difference is ``steps`` steady-state steps: neither imports, start-up nor the
-    loops' set-up (model, loader, optimizer) count.
+    loops' set-up (model, loader, optimizer) count. At 2 replicas the ranks join one gloo
+    group on loopback and every thread of each rank counts (gloo's included); the figure is
+    the ranks' total.
     """
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
+    from coadapt.ports import free_port
+
     per_step: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="coadapt-callgrind-") as d:
         for variant in ("plain", "library"):
-            out = Path(d) / f"{variant}.out"
-            subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    "--instr-atstart=no",
-                    f"--callgrind-out-file={out}",
-                    sys.executable,
-                    str(ROOT / "benchmarks" / "inproc_overhead.py"),
-                    "--callgrind",
-                    variant,
-                    "--steps",
-                    str(steps),
-                ],
-                cwd=d,  # not the repository: a stray module there must not shadow the stdlib
-                env=_env(),
-                check=True,
-                capture_output=True,
-                timeout=1800,
-            )
-            dumps = []
-            for path in sorted(Path(d).glob(f"{variant}.out.*"), key=lambda q: int(q.suffix[1:])):
-                lines = path.read_text().splitlines()
-                dumps.append(sum(int(x.split()[1]) for x in lines if x.startswith("totals:")))
-            if len(dumps) < 2:
-                raise RuntimeError(f"callgrind wrote {len(dumps)} dumps for {variant}, need 2")
-            per_step[variant] = (dumps[1] - dumps[0]) / steps
+            port = free_port()
+            procs = []
+            for rank in range(replicas):
+                out = Path(d) / f"{variant}.r{rank}.out"
+                env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+                env.update(WORLD_SIZE=str(replicas), MASTER_ADDR="127.0.0.1")
+                env["MASTER_PORT"] = str(port)
+                cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+                cmd += [f"--callgrind-out-file={out}", sys.executable]
+                cmd += [str(ROOT / "benchmarks" / "inproc_overhead.py"), "--callgrind", variant]
+                cmd += ["--steps", str(steps)]
+                # cwd: not the repository, so a stray module there cannot shadow the stdlib
+                procs.append(subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.DEVNULL))
+            for proc in procs:
+                if proc.wait(timeout=3600) != 0:
+                    raise RuntimeError(f"callgrind run of {variant} failed ({proc.returncode})")
+            total = 0.0
+            for rank in range(replicas):
+                dumps = []
+                paths = Path(d).glob(f"{variant}.r{rank}.out.*")
+                for path in sorted(paths, key=lambda q: int(q.suffix[1:])):
+                    lines = path.read_text().splitlines()
+                    dumps.append(sum(int(x.split()[1]) for x in lines if x.startswith("totals:")))
+                if len(dumps) < 2:
+                    raise RuntimeError(f"callgrind wrote {len(dumps)} dumps for {variant}, need 2")
+                total += (dumps[1] - dumps[0]) / steps
+            per_step[variant] = total
+    k = f"{replicas}r"
     return {
-        "instructions_per_step_plain": per_step["plain"],
-        "instructions_per_step_library": per_step["library"],
-        "instructions_ratio_1r": per_step["library"] / per_step["plain"],
+        f"instructions_per_step_plain_{k}": per_step["plain"],
+        f"instructions_per_step_library_{k}": per_step["library"],
+        f"instructions_ratio_{k}": per_step["library"] / per_step["plain"],
     }
 
 
@@ -497,8 +503,9 @@ def main() -> int:
                 res[f"step_ms_{k}r"] = ov["step_ms"]
                 res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
         if "instructions" in parts:
-            log("instructions per step under callgrind")
+            log("instructions per step under callgrind, 1 then 2 replicas")
             res.update(instructions_ratio())
+            res.update(instructions_ratio(replicas=2))
         if "inproc" in parts:
             log("in-process overhead")
             inproc = inproc_overhead(tmp)
@@ -537,6 +544,7 @@ def main() -> int:
         "overhead_2r",
         "overhead_2r_ci_high",
         "instructions_ratio_1r",
+        "instructions_ratio_2r",
         "overhead_batched_1r",
         "overhead_batched_2r",
         "overhead_cpu_1r",

@@ -7,8 +7,12 @@ Four trainings that ship with the repository, each run as a real ``coadapt.train
 ``python -m coadapt.train.launch -n K`` (K = 1 and 2 replicas):
 
 * ``digits``: examples/digits_cnn.py (CNN, SGD + momentum, M0 = 32), target 97% test accuracy;
-* ``cancer``: examples/cancer_mlp.py (MLP, AdamW, M0 = 16), target test cross-entropy 0.115
-  (its 143 test samples make accuracy a coarse, noisy metric: it plateaus at 95-96%);
+* ``cancer``: examples/cancer_mlp.py (MLP, AdamW, M0 = 16), target test cross-entropy 0.125
+  (its 143 test samples make accuracy a coarse, noisy metric: it plateaus at 95-96%). Not
+  0.115, the first target: that is the floor of the test loss itself (the minimum over a
+  run is 0.108-0.131 depending on seed and batch, 0.114-0.115 for M0), so whether a run
+  reached it said which seed overfitted least, not how fast it trained; every fixed run at
+  M0 and 2x M0 reaches 0.125, at 1310-1832 samples (the quiet run's curves, issue 19);
 * ``teacher``: examples/teacher_mlp.py (wide MLP on a random teacher's noisy labels, SGD,
   M0 = 32), where throughput grows ~4x from batch 16 to 256 on a CPU; target 73%;
 * ``teacher-long``: examples/teacher_long.py (the same student learning a random ReLU
@@ -23,14 +27,18 @@ square-root rule (at B = M0 both are the user's LR: one row, ``initial``). Every
 for every seed; modes are interleaved inside a seed so drifting load hits all alike. The
 validation metric is taken every ``eval_every`` training samples with the clock stopped, so
 ``tta_s`` is training time only; ``steps`` and ``samples`` to the target do not depend on the
-machine's load, time does (the load average is recorded with the results).
+machine's load, time does (the load average is recorded with the results). ``cpu_s`` is the
+process CPU time of the same training (all threads: with K > 1 gloo's all-reduce work, not
+the wait for a peer): on a shared machine (load 10-15 on 2 cores) a sub-second training's
+wall clock is mostly other processes' time slices, and ``cpu_s`` is what it cost.
 
 Output: ``{"rows": [...], "summary": {...}, "table": [...]}``, one row per trial with
-``workload, replicas, mode, initial, seed, tta_s, steps, samples, reached`` (+ the batch sizes
-the job used), the table with medians and spreads per (workload, replicas, mode), and the
-summary with the goals (adaptive <= 1.0x the best fixed mode, <= 0.7x the initial batch) and,
-unless ``--skip-overhead``, the overhead figures of ``train_bench.py`` (interleaved repeats,
-bootstrap interval, instructions per step).
+``workload, replicas, mode, initial, seed, tta_s, cpu_s, steps, samples, reached`` (+ the
+batch sizes the job used), the table with medians and spreads per (workload, replicas,
+mode), and the summary with the goals (adaptive <= 1.0x the best fixed mode, <= 0.7x the
+initial batch; in wall and in CPU seconds) and, unless ``--skip-overhead``, the overhead
+figures of ``train_bench.py`` (interleaved repeats, bootstrap interval, instructions per
+step).
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ WORKLOADS = {
     w.name: w
     for w in (
         Workload("digits", 32, 0.05, 512, 0.97, 360, 20 * 1437, max_local_bsz=256),
-        Workload("cancer", 16, 1e-3, 256, 0.115, 128, 30 * 426, metric="loss"),
+        Workload("cancer", 16, 1e-3, 256, 0.125, 128, 30 * 426, metric="loss"),
         Workload("teacher", 32, 0.05, 1024, 0.73, 2048, 8 * 16384),
         Workload("teacher-long", 32, 0.02, 1024, 0.70, 8192, 5 * 131072),
     )
@@ -198,10 +206,11 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
         checkpoint_interval=0,
     )
     trained, samples, next_eval = 0.0, 0, w.eval_every
+    cpu = 0.0  # process CPU seconds of training (all threads: gloo's all-reduce work too)
     acc, reached = 0.0, False
     batches: list[int] = [loader.batch_size]
     curve: list[tuple[int, float]] = []  # (samples, accuracy) at every evaluation
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
 
     def evaluate() -> tuple[float, bool]:
         model.eval()
@@ -232,12 +241,13 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
             batches.append(loader.batch_size)
         if samples >= next_eval or samples >= w.budget:
             trained += time.perf_counter() - started
+            cpu += time.process_time() - cpu_started
             acc, reached = evaluate()
             curve.append((samples, round(acc, 4)))
             next_eval = samples + w.eval_every
             if reached or samples >= w.budget:
                 break
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
     return {
         "workload": w.name,
         "replicas": ctx.world_size,
@@ -246,6 +256,7 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
         "seed": seed,
         "reached": reached,
         "tta_s": round(trained, 4) if reached else None,
+        "cpu_s": round(cpu, 4) if reached else None,
         "steps": model.steps if reached else None,
         "samples": samples if reached else None,
         "metric": w.metric,
@@ -432,7 +443,9 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "seeds": len(mine),
             "reached": len(hit),
         }
-        for field in ("tta_s", "steps", "samples"):
+        for field in ("tta_s", "cpu_s", "steps", "samples"):
+            if any(r["reached"] and r.get(field) is None for r in mine):
+                continue  # rows from before the field existed (cpu_s: round 3)
             vals = [float(r[field]) if r["reached"] else float("inf") for r in mine]
             finite = [v for v in vals if v != float("inf")]
             med = statistics.median(vals)
@@ -461,6 +474,17 @@ def goals(tab: list[dict[str, Any]]) -> dict[str, Any]:
             "samples_vs_best": ada["samples"] / best_samples["samples"],
             "steps_vs_initial": ada["steps"] / init["steps"] if init else None,
         }
+        if "cpu_s" in ada and all("cpu_s" in t for t in fixed):
+            # CPU seconds: what the training cost, whatever share of the cores other
+            # processes took (under load the wall-clock of sub-second runs is mostly theirs)
+            best_cpu = min(fixed, key=lambda t: t["cpu_s"])
+            res[f"{wl}_{k}r"].update(
+                {
+                    "best_fixed_cpu": best_cpu["mode"],
+                    "cpu_vs_best": ada["cpu_s"] / best_cpu["cpu_s"],
+                    "cpu_vs_initial": ada["cpu_s"] / init["cpu_s"] if init else None,
+                }
+            )
     return res
 
 
@@ -528,14 +552,14 @@ def main() -> int:
         summary["load_after_overhead"] = load_average()
     print(
         f"{'workload':<9}{'K':>2} {'mode':<20}{'reached':>8}{'tta_s':>9}{'±':>7}"
-        f"{'steps':>8}{'samples':>9}"
+        f"{'cpu_s':>8}{'steps':>8}{'samples':>9}"
     )
     for t in tab:
         spread = t["tta_s_iqr2"] if t["tta_s_iqr2"] is not None else float("nan")
         print(
             f"{t['workload']:<9}{t['replicas']:>2} {t['mode'] + (' *' if t['initial'] else ''):<20}"
             f"{t['reached']:>4}/{t['seeds']:<3}{t['tta_s']:>9.2f}{spread:>7.2f}"
-            f"{t['steps']:>8.0f}{t['samples']:>9.0f}"
+            f"{t.get('cpu_s', float('nan')):>8.3f}{t['steps']:>8.0f}{t['samples']:>9.0f}"
         )
     for key, g in summary["goals"].items():
         initial = g["vs_initial"] if g["vs_initial"] is not None else float("nan")
@@ -545,6 +569,12 @@ def main() -> int:
             f"adaptive/initial {initial:.2f}  samples/best {g['samples_vs_best']:.2f}  "
             f"{'ok' if ok else 'MISSED'}"
         )
+        if "cpu_vs_best" in g:
+            cpu_init = g["cpu_vs_initial"] if g["cpu_vs_initial"] is not None else float("nan")
+            print(
+                f"{'':<12} CPU seconds: adaptive/best fixed ({g['best_fixed_cpu']}) "
+                f"{g['cpu_vs_best']:.2f}  adaptive/initial {cpu_init:.2f}"
+            )
     for key in (
         "overhead_1r",
         "overhead_1r_ci_high",

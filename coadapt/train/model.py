@@ -8,15 +8,18 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
   on one optimizer step in every ``measure_every`` so its cost (norms, a host sync) is
   amortised (on every step while the noise gate still holds the batch at M0): with K > 1
   replicas a DDP comm hook takes each bucket's local squared norm *before* the all-reduce
-  and the global one after; the sum of local norms and the stop flag ride along as two extra
-  elements of the last bucket, so there is no extra collective (the stop flag rides every
-  step, the norms only on measuring steps). With K = 1 it uses the
+  and the global one after; the sum of local norms and the stop/save flags ride along as
+  extra elements of the last bucket, so there is no extra collective. Both ride on measuring
+  steps only: on the others the hook all-reduces the buckets in place, as DDP's own hook
+  does (a SIGTERM or a due checkpoint waits at most ``measure_every - 1`` steps). With K = 1
+  it uses the
   first micro-batch vs the accumulated gradient, or (no accumulation) two consecutive steps,
   flattened into one buffer so that a single 2×2 Gram matrix gives every norm at once;
 * scales the LR by the rule (AdaScale for SGD, sqrt for adaptive optimisers) for the
   optimizer step only, so any user LR scheduler composes with it;
 * records (nodes, K, m, s, T_iter, T_grad) and every ``retune_every`` steps and at epoch
-  boundaries fits θ_sys and picks (m, s) by eq. 14, adopting it only when ``should_adopt``;
+  boundaries (no more often than lets re-tunes cost ``RETUNE_BUDGET`` of the time) fits
+  θ_sys and picks (m, s) by eq. 14, adopting it only when ``should_adopt``;
 * on SIGTERM, checkpoints at this step boundary and exits 0; every ``checkpoint_interval``
   seconds (default 120, stretched so a checkpoint costs ≤ 2% of the time between them) and
   every ``checkpoint_every`` steps it checkpoints too, so a crash loses little;
@@ -82,6 +85,11 @@ CHECKPOINT_BUDGET = 0.02
 CHECKPOINT_LOSS_SHARE = 0.02
 # but never more often than this (seconds): a cheap checkpoint still writes a file.
 CHECKPOINT_MIN_GAP = 0.5
+# Periodic and epoch-boundary re-tunes may cost at most this share of the training time
+# between them (the gate's, a follow-up's and a forced one always run). A re-tune with a fit
+# took 2-5 ms on the cancer MLP, whose steps take ~1 ms: with one every 8 steps (an epoch at
+# batch 53) they were 30% of its training CPU time (issue 19, round 3).
+RETUNE_BUDGET = 0.05
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
@@ -164,6 +172,8 @@ class AdaptiveModel:
         self._flags: dict[tuple[bool, bool], torch.Tensor] = {}
         self._warmup = _WARMUP_STEPS
         self._followup = -1  # the step of an early re-tune after a batch change
+        # no periodic or epoch re-tune before this step (RETUNE_BUDGET; rank 0's verdict)
+        self._next_periodic = 0
         # Until the noise gate opens the job may not change its batch, so it measures the
         # noise on every step it can (not one in measure_every) and re-tunes the moment the
         # gate opens rather than at the next multiple of retune_every (issue 19).
@@ -327,31 +337,35 @@ class AdaptiveModel:
     ) -> torch.futures.Future[torch.Tensor]:
         """All-reduce (mean) one bucket; on measuring steps also take its squared norms.
 
-        Every step the last bucket carries two extra elements, [Σ local |g|², stop flag], so
-        the replicas agree on stopping at the same step without an extra collective; the
-        norms themselves (one dot product per bucket before and after) are only computed on
-        one step in ``measure_every``.
+        On measuring steps (one in ``measure_every``; every step while gated) the last bucket
+        carries three extra elements, [Σ local |g|², stop flag, save flag], so the replicas
+        agree on the noise and on stopping or saving at the same step without an extra
+        collective. On the other steps every bucket is all-reduced in place, as DDP's own
+        hook does: the flags used to ride every step, and copying the last bucket into a
+        larger buffer and back (plus the Python around it) was most of the 2-replica
+        instructions the library added over plain DDP (issue 19). A SIGTERM or a due
+        checkpoint now waits for the next measuring step, at most ``measure_every - 1``
+        steps (a few milliseconds to a second) later; every rank computes the same steps.
         """
         buf = bucket.buffer()
         world = self._replicas
         measure = self.steps % self._measure_period == 0
+        if not measure:
+            buf.div_(world)
+            return dist.all_reduce(buf, async_op=True).get_future().then(_first)
         pinv: torch.Tensor | None = None
-        if measure:
-            if self._precondition:
-                parts = self._pinv(list(bucket.parameters()))
-                if parts is not None:
-                    flat = torch.cat([t.reshape(-1) for t in parts])
-                    pinv = flat if flat.numel() == buf.numel() else None
-            sq = _flat_sq(buf, pinv)
-            self._local_sq = sq if self._local_sq is None else self._local_sq + sq
+        if self._precondition:
+            parts = self._pinv(list(bucket.parameters()))
+            if parts is not None:
+                flat = torch.cat([t.reshape(-1) for t in parts])
+                pinv = flat if flat.numel() == buf.numel() else None
+        sq = _flat_sq(buf, pinv)
+        local = self._local_sq = sq if self._local_sq is None else self._local_sq + sq
         if bucket.is_last():
             stop = self.ctx.stop_requested
             save = self.ctx.rank == 0 and self._checkpoint_due()
             flag = self._flag(stop, save, buf)
-            if measure and self._local_sq is not None:
-                extra = torch.cat([self._local_sq.to(buf.dtype).reshape(1), flag[1:]])
-            else:
-                extra = flag
+            extra = torch.cat([local.to(buf.dtype).reshape(1), flag[1:]])
             self._local_sq = None
             n = buf.numel()
             send = torch.cat([buf, extra]).div_(world)
@@ -361,15 +375,12 @@ class AdaptiveModel:
                 out = f.value()[0]
                 buf.copy_(out[:n])
                 self._extra = out[n:]
-                if measure:
-                    self._global_parts.append(_flat_sq(buf, pinv))
+                self._global_parts.append(_flat_sq(buf, pinv))
                 return buf
 
             return fut.then(done_last)
         buf.div_(world)
         fut = dist.all_reduce(buf, async_op=True).get_future()
-        if not measure:
-            return fut.then(_first)
 
         def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out = f.value()[0]
@@ -465,14 +476,15 @@ class AdaptiveModel:
         # epoch boundary in between re-tuned on a model that had not seen it, and the trust
         # region let the cancer MLP grow 2x twice in two steps (76 -> 152; issue 19).
         settling = self.steps < self._followup
+        # While gated a periodic re-tune cannot change the batch (it only fitted); after,
+        # periodic ones wait until their cost fits RETUNE_BUDGET (same step on every rank).
+        periodic = (
+            not self._gated
+            and self.steps >= self._next_periodic
+            and (self.steps % self.retune_every == 0 or loader.epoch != self._last_epoch)
+        )
         if self._force_retune or (
-            not settling
-            and (
-                gate_opened
-                or self.steps % self.retune_every == 0
-                or self.steps == self._followup
-                or loader.epoch != self._last_epoch
-            )
+            not settling and (gate_opened or periodic or self.steps == self._followup)
         ):
             self._last_epoch = loader.epoch
             self._force_retune = False
@@ -496,11 +508,8 @@ class AdaptiveModel:
         """
         extra, parts = self._extra, self._global_parts
         self._extra, self._global_parts, self._local_sq = None, [], None
-        if extra is None:  # no bucket was reduced, so there is nothing to agree with
+        if extra is None or not parts:  # not a measuring step: nothing rode along to agree on
             return False, False
-        if not parts:  # not a measuring step: only the flags (one host read)
-            flags = extra.tolist()
-            return flags[1] > 0, flags[2] > 0
         values = torch.cat([extra, torch.stack(parts).sum().reshape(1)]).tolist()
         piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
         self.gns.update(*estimate(values[0], values[3], piece_bsz, self._replicas))
@@ -659,11 +668,14 @@ class AdaptiveModel:
         if not self.adapt or fixed:
             self._update_lr_scale()
             return
+        started = time.perf_counter()
         choice = self._choose() if self.ctx.rank == 0 else (0, 0)
+        spacing = self._retune_spacing(time.perf_counter() - started)
         if self.ddp is not None:
-            t = torch.tensor(choice, dtype=torch.int64, device=_comm_device(self))
+            t = torch.tensor([*choice, spacing], dtype=torch.int64, device=_comm_device(self))
             dist.broadcast(t, src=0)
-            choice = (int(t[0]), int(t[1]))
+            choice, spacing = (int(t[0]), int(t[1])), int(t[2])
+        self._next_periodic = self.steps + spacing
         if choice != (loader.local_bsz, loader.accum_steps):
             loader.set_batch(*choice)
             self._warmup = _WARMUP_STEPS
@@ -682,6 +694,14 @@ class AdaptiveModel:
                 )
             )
         self._update_lr_scale()
+
+    def _retune_spacing(self, cost: float) -> int:
+        """Steps before the next periodic re-tune, so that one costing ``cost`` seconds
+        takes at most RETUNE_BUDGET of the training time (0 until a step is timed)."""
+        step = self.profile.iter_time(self._key())
+        if not math.isfinite(step) or step <= 0:
+            return 0
+        return math.ceil(cost / (RETUNE_BUDGET * step))
 
     def _emit_progress(self) -> None:
         self.ctx.metrics.emit(

@@ -5,6 +5,8 @@ jobs keep the amortised measurement period (no extra cost)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -90,3 +92,29 @@ def test_a_retune_never_waits_for_the_optimizer_import(
         pass
     assert loaded.ready
     assert model.goodput_model() is not None  # waits for the real one and fits
+
+
+def test_periodic_retunes_fit_their_time_budget(ctx: TrainingContext) -> None:
+    """A periodic or epoch re-tune waits until its cost is at most RETUNE_BUDGET of the
+    training time since the last (the cancer MLP re-tuned every 8 steps at 2-5 ms each, with
+    ~1 ms steps); the follow-up after a batch change is not delayed by it."""
+    from coadapt.train.model import RETUNE_BUDGET
+
+    data, lin, _ = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=256, seed=0, context=ctx)
+    model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader, retune_every=1)
+    gated = _run(model, loader, 3 * MIN_MEASUREMENTS + 1)
+    assert len(gated) == 1  # while gated only the gate's re-tune ran (periodic ones could not
+    # change the batch), although retune_every = 1
+    loader.set_batch(32, 0)  # whatever the gate chose: only periodic re-tunes remain
+    model._followup, model._warmup = -1, 0
+    key = model._key()
+    for _ in range(3):
+        model.profile.record_iter(key, 2e-3)  # steps of 2 ms at this size
+    # a 10 ms re-tune is worth 100 steps of 2 ms at a 5% budget
+    assert model._retune_spacing(0.01) == math.ceil(0.01 / (RETUNE_BUDGET * 2e-3)) == 100
+    assert model._retune_spacing(0.0) == 0
+    model._next_periodic = model.steps + 15
+    start = model.steps
+    later = _run(model, loader, start + 30)
+    assert later and later[0] == start + 15  # none before the budget allows, then at once

@@ -50,6 +50,7 @@ def test_a_short_race_writes_rows_with_every_field(tmp_path: Path) -> None:
         assert r["initial"] is (r["mode"] == "fixed-16-linear")
         if r["reached"]:
             assert r["tta_s"] > 0 and r["steps"] > 0 and r["samples"] >= r["steps"]
+            assert r["cpu_s"] > 0
             assert r["curve"][-1][1] <= WORKLOADS["cancer"].target  # cross-entropy
     fixed32 = next(r for r in rows if r["mode"] == "fixed-32-sqrt")
     assert fixed32["batches"] == [32] and fixed32["lr"] == pytest.approx(1e-3 * 2**0.5)
@@ -88,6 +89,23 @@ def test_table_and_goals_from_rows() -> None:
     assert g["best_fixed"] == "fixed-32-linear"
     assert g["vs_best"] == pytest.approx(2 / 3) and g["vs_initial"] == pytest.approx(2 / 3)
     assert g["samples_vs_best"] == pytest.approx(1.5)
+    assert "cpu_vs_best" not in g  # rows from before cpu_s: the wall figures only
+
+
+def test_goals_in_cpu_seconds_pick_their_own_best() -> None:
+    """cpu_s (load-independent) is compared on its own: the best fixed mode by CPU may differ
+    from the best by wall clock."""
+    rows = [
+        {**_row("adaptive", 0, 1.0), "cpu_s": 0.30},
+        {**_row("fixed-32-linear", 0, 2.0), "cpu_s": 0.60},
+        {**_row("fixed-64-sqrt", 0, 0.5), "cpu_s": 0.40},
+    ]
+    tab = {t["mode"]: t for t in table(rows)}
+    assert tab["fixed-64-sqrt"]["cpu_s"] == pytest.approx(0.40)
+    g = goals(list(tab.values()))["w_1r"]
+    assert g["best_fixed"] == "fixed-64-sqrt" and g["vs_best"] == pytest.approx(2.0)
+    assert g["best_fixed_cpu"] == "fixed-64-sqrt"
+    assert g["cpu_vs_best"] == pytest.approx(0.75) and g["cpu_vs_initial"] == pytest.approx(0.5)
 
 
 def test_modes_and_their_names() -> None:
