@@ -30,7 +30,11 @@ Rows (``name`` starts with ``ctr``): ``rps``, ``p50_ms``, ``p99_ms`` (server sid
 ``peer`` (null), plus per-row details. Memory: ``ctr-memory`` has bytes held by the served
 tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
 
+7. **Profile** (``_profile``, in process, no server): one request through a worker's predict
+   path stage by stage, and an interleaved A/B/C of the look-up paths (:func:`profile_main`).
+
     python benchmarks/serve/ctr.py --ctr-rows 2000000 --json out/ctr.json
+    python benchmarks/serve/ctr.py _profile --rows 5000000 --iters 150 [--shared 0.3]
 """
 
 from __future__ import annotations
@@ -233,13 +237,20 @@ def summarize(recs: list[tuple[float, float, float, int, str]], name: str) -> di
     }
 
 
-def ctr_body(rows: int, rng: np.random.Generator, unknown: float = 0.1) -> bytes:
+def ctr_body(
+    rows: int, rng: np.random.Generator, unknown: float = 0.1, shared: float = 0.0
+) -> bytes:
+    """200 x 500 IDs drawn uniformly from the table's rows, ``unknown`` of them without a row;
+    the first ``shared`` of each item's features are the same IDs in every item (the user's and
+    the context's features of a real ranking request; 0: every ID drawn independently)."""
     from coadapt.serve import codec
 
     idx = rng.integers(0, rows, (ITEMS, FEATURES))
     ids = key_of(idx)
     miss = rng.random((ITEMS, FEATURES)) < unknown
     ids[miss] = key_of(idx[miss] + rows + 10**9)  # never rows
+    k = round(shared * FEATURES)
+    ids[:, :k] = ids[0, :k]
     return codec.encode_arrays([ids])
 
 
@@ -369,7 +380,7 @@ def run_big(
                 )
                 log(json.dumps(out[-1]))
 
-                body = ctr_body(rows_total, rng)
+                body = ctr_body(rows_total, rng, shared=args.ctr_shared)
                 rate_rows, best = sweep(srv, body, args, "ctr-200x500", log)
                 out += rate_rows
                 # an incremental version: 1 % of the rows, then live
@@ -792,6 +803,198 @@ def run_freshness(
 # ----------------------------------------------------------------------------- entry points
 
 
+# ----------------------------------------------------------------------------- profile
+
+
+def _served_tables(rows: int, dim: int, shards: int, log: Callable[[str], None]) -> Any:
+    """A :class:`ShardedTable` of ``rows`` rows split as the trainer splits them (``shard_of``),
+    built in this process: what a worker holds once a full version is loaded."""
+    from coadapt.serve.sparse_model import ShardedTable
+    from coadapt.sparse.server import shard_of
+    from coadapt.sparse.table import EmbeddingTable
+
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    keys = key_of(np.arange(rows))
+    sh = shard_of(keys, shards)
+    bases = []
+    for s in range(shards):
+        k = keys[sh == s]
+        t = EmbeddingTable(dim, dim, max_rows=int(k.size * 1.1) + (1 << 16), initial_rows=k.size)
+        for a in range(0, k.size, 1 << 20):
+            kk = k[a : a + (1 << 20)]
+            t.assign(kk, (rng.standard_normal((kk.size, dim)) * 0.05).astype(np.float32))
+        bases.append(t)
+    log(f"built {rows} rows in {shards} shard tables in {time.perf_counter() - t0:.1f} s")
+    return ShardedTable("ctr", dim, bases)
+
+
+def _gather_in_order(table: Any, keys: np.ndarray) -> np.ndarray:
+    """The served look-up before ``ShardedTable.take`` (the A/B's baseline, kept here only):
+    rows zero-filled in request order, found rows written through a mask, each shard's block
+    scattered back to its keys' positions."""
+    from coadapt.sparse.server import shard_of
+
+    out = np.empty((keys.size, table.dim), np.float32)
+    row = np.dtype((np.void, 4 * table.dim))
+    flat = out.view(row).reshape(-1)
+    sh = shard_of(keys, len(table.bases))
+    for s, base in enumerate(table.bases):
+        sel = np.flatnonzero(sh == s)
+        k = keys[sel]
+        part = np.zeros((k.size, table.dim), np.float32)
+        idx = base.lookup(k)
+        ok = idx >= 0
+        part[ok] = base.weights(idx[ok])
+        flat[sel] = part.view(row).reshape(-1)
+    return out
+
+
+def profile_main(argv: list[str]) -> int:
+    """One 200 x 500 request through a worker's predict path, in process, stage by stage
+    (decode, shard split, look-up, row copy, pooling, MLP, encode), and an interleaved A/B/C of
+    the whole forward: the previous look-up (rows zero-filled, masked and scattered back in
+    request order, then ``embedding_bag`` over ``arange``), ``ShardedTable.take`` (rows
+    addressed by position), and the served module (``take`` after looking the IDs every item
+    repeats up once: ``--shared``); all must score bit for bit alike.
+
+        python benchmarks/serve/ctr.py _profile --rows 5000000 --iters 200
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from coadapt.serve import codec
+    from coadapt.serve.models import CtrRanker
+    from coadapt.serve.sparse_model import SparseView, TableStore, _swap_embeddings
+    from coadapt.sparse.embedding import ids_to_numpy
+    from coadapt.sparse.server import shard_of
+
+    p = argparse.ArgumentParser(prog="ctr.py _profile")
+    p.add_argument("--rows", type=int, default=5_000_000)
+    p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--bodies", type=int, default=20, help="distinct requests cycled through")
+    p.add_argument("--shared", type=float, default=0.0, help="as --ctr-shared")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(f"[ctr-profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    torch.set_num_threads(1)  # as a worker runs (--threads 1)
+    table = _served_tables(a.rows, a.dim, a.shards, log)
+    view = SparseView({"ctr": table})
+    model = CtrRanker(FEATURES, GROUPS, a.dim, HIDDEN, store=TableStore(view))
+    _swap_embeddings(model, view)
+    model.eval()
+    rng = np.random.default_rng(1)
+    bodies = [ctr_body(a.rows, rng, shared=a.shared) for _ in range(a.bodies)]
+    stages: dict[str, list[float]] = {}
+    ab: dict[str, list[float]] = {"ordered": [], "positions": [], "served": []}
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        flat = ids_to_numpy(x).reshape(-1)
+        rows = torch.from_numpy(_gather_in_order(table, flat))
+        pos = torch.arange(flat.size).view(x.shape[0] * GROUPS, FEATURES // GROUPS)
+        pooled = F.embedding_bag(pos, rows, mode="sum")
+        return model.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
+
+    def positions(x: torch.Tensor) -> torch.Tensor:  # take, without the shared-ID dedup
+        buf, pos = table.take(ids_to_numpy(x).reshape(-1))
+        pooled = F.embedding_bag(
+            torch.from_numpy(pos).view(-1, FEATURES // GROUPS), torch.from_numpy(buf), mode="sum"
+        )
+        return model.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
+
+    arms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "ordered": ordered,
+        "positions": positions,
+        "served": model,
+    }
+
+    load0 = os.getloadavg()[0]
+    with torch.inference_mode():
+        for it in range(a.iters + 5):
+            body = bodies[it % len(bodies)]
+            t = [time.perf_counter()]
+            ids = codec.decode_arrays(body)[0].view(np.int64)
+            x = torch.from_numpy(np.concatenate([ids]))  # the batcher's concatenation
+            t.append(time.perf_counter())
+            flat = ids_to_numpy(x).reshape(-1)
+            sh = shard_of(flat, a.shards)
+            sel = [np.flatnonzero(sh == s) for s in range(a.shards)]
+            keys = [flat[s] for s in sel]
+            t.append(time.perf_counter())
+            idx = [table.bases[s].lookup(keys[s]) for s in range(a.shards)]
+            t.append(time.perf_counter())
+            buf, pos = table.take(flat)  # look-up again + row copy: the row copy is the rest
+            t.append(time.perf_counter())
+            bag = F.embedding_bag(
+                torch.from_numpy(pos).view(-1, FEATURES // GROUPS),
+                torch.from_numpy(buf),
+                mode="sum",
+            )
+            t.append(time.perf_counter())
+            out = model.mlp(bag.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
+            t.append(time.perf_counter())
+            codec.encode_arrays([np.ascontiguousarray(out.numpy(), dtype=np.float32)])
+            t.append(time.perf_counter())
+            del idx
+            d = np.diff(t) * 1e3
+            if it >= 5:
+                for name, v in zip(
+                    ["decode", "shard split", "look-up", "look-up + row copy", "pooling", "mlp",
+                     "encode"], d, strict=True,
+                ):  # fmt: skip
+                    stages.setdefault(name, []).append(float(v))
+            names = list(arms)
+            order = names[it % 3 :] + names[: it % 3]
+            got = {}
+            for k in order:  # interleaved, rotating: every arm sees the same load
+                t0 = time.perf_counter()
+                got[k] = arms[k](x)
+                if it >= 5:
+                    ab[k].append((time.perf_counter() - t0) * 1e3)
+            if not all(torch.equal(got["ordered"], v) for v in got.values()):
+                raise AssertionError("the paths scored differently")
+
+    def summary(v: list[float]) -> dict[str, float]:
+        arr = np.array(v)
+        return {
+            "min_ms": round(float(arr.min()), 3),
+            "p50_ms": round(float(np.percentile(arr, 50)), 3),
+            "p99_ms": round(float(np.percentile(arr, 99)), 3),
+        }
+
+    rows: list[dict[str, Any]] = [
+        {"name": f"ctr-profile-{k.replace(' ', '-').replace('+', 'and')}", **summary(v)}
+        for k, v in stages.items()
+    ]
+    for k, v in ab.items():
+        rows.append({"name": f"ctr-profile-forward-{k}", **summary(v)})
+    o, n, d = (np.array(ab[k]) for k in ("ordered", "positions", "served"))
+    rows.append(
+        {
+            "name": "ctr-profile-ab",
+            "ordered_over_positions_p50": round(float(np.median(o) / np.median(n)), 3),
+            "ordered_over_positions_pairs": round(float(np.median(o / n)), 3),
+            "positions_over_served_p50": round(float(np.median(n) / np.median(d)), 3),
+            "positions_over_served_pairs": round(float(np.median(n / d)), 3),
+            "shared": a.shared,
+            "rows": a.rows,
+            "iters": a.iters,
+            "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        }
+    )
+    for r in rows:
+        print(json.dumps(r))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"rows": rows}, indent=1))
+    return 0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The CTR options (also on ``benchmarks/serve_bench.py``)."""
     p.add_argument("--ctr-rows", type=int, default=50_000_000, help="rows of the big table")
@@ -812,6 +1015,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ctr-duration", type=float, default=5.0, help="seconds per rate")
     p.add_argument("--ctr-delta-frac", type=float, default=0.01, help="rows changed per delta")
+    p.add_argument(
+        "--ctr-shared",
+        type=float,
+        default=0.0,
+        help="share of each item's features that are the same IDs in every item (user, context)",
+    )
     p.add_argument("--ctr-swap-rate", type=float, default=0.0, help="rate while applying (0: auto)")
     p.add_argument("--fresh-plants", type=int, default=3)
     p.add_argument("--fresh-publish-s", type=float, default=2.0)
@@ -847,6 +1056,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_trainer"]:
         return trainer_main(argv[1:])
+    if argv[:1] == ["_profile"]:
+        return profile_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(p)
     p.add_argument("--json", type=Path, help="write the rows here")

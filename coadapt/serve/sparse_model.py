@@ -2,11 +2,15 @@
 
 The module is the trainer's (its factory, its dense weights); its
 :class:`~coadapt.sparse.embedding.SparseEmbedding` / ``SparseEmbeddingCollection`` children are
-swapped for :class:`ServingEmbedding` / :class:`ServingEmbeddingCollection`, which gather rows
-from the loaded tables directly: no deduplication (a 200 x 500 request has 100k IDs; sorting them
-costs more than looking each one up), no autograd, and the same torch ops on the same values as
-training, so predictions are bit-for-bit the trainer's. An ID without a row gets the zero
-embedding, as an ID that is not admitted yet does in training.
+swapped for :class:`ServingEmbedding` / :class:`ServingEmbeddingCollection`, which read rows
+from the loaded tables directly: no deduplication by sorting (a 200 x 500 request has 100k IDs;
+sorting them costs more than looking each one up), but the IDs every item of a request repeats
+(user and context features) are looked up once (:func:`_item_blocks`); no autograd, and the same
+torch ops on the same values as training, so predictions are bit-for-bit the trainer's. An ID
+without a row gets the zero embedding, as an ID that is not admitted yet does in training. The
+rows are not put back in request order: :meth:`ShardedTable.take` copies each shard's found
+rows once into one buffer (with a zero row at its end) and ``embedding_bag`` reads them through
+the positions it returns.
 
 **Live deltas.** A :class:`SparseView` is what one served version sees: per table, the shards'
 base tables and, while a delta is being merged, an *overlay* per shard holding the delta's rows
@@ -57,6 +61,7 @@ __all__ = [
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
 MERGE_CHUNK = 8192
 """Rows merged into a base table per step between batches (bounds the pause a batch sees)."""
 MERGE_PAUSE = 3.0
@@ -89,6 +94,15 @@ def _resized_extras(
         for keys, rows in old.iter_chunks():
             new.assign(keys, rows)
     return new, room
+
+
+def _rows_at(buf: F32, pos: I64) -> F32:
+    """``buf[pos]`` with one memcpy per row (whole rows as opaque items, not element by
+    element)."""
+    row = np.dtype((np.void, buf.dtype.itemsize * buf.shape[1]))
+    out = np.empty((pos.size, buf.shape[1]), np.float32)
+    np.take(buf.view(row).reshape(-1), pos, out=out.view(row).reshape(-1))
+    return out
 
 
 class RowSource(Protocol):
@@ -163,33 +177,81 @@ class ShardedTable:
         extra = self.extras[s]
         return len(self.bases[s]) + (0 if extra is None else len(extra))
 
-    def _one(self, s: int, keys: U64) -> F32:
-        base = self.bases[s]
-        out = np.zeros((keys.size, self.dim), np.float32)
-        pos = np.arange(keys.size)
+    def take(self, keys: U64) -> tuple[F32, I64]:
+        """The rows of ``keys`` as ``(buf, pos)``: key ``i``'s row is ``buf[pos[i]]`` and the last
+        row of ``buf`` is zeros (keys without a row, deletions). A serving embedding hands
+        ``pos`` to ``embedding_bag`` as its indices, so the rows are never put back in request
+        order and no row is zero-filled or masked: each shard's found rows are copied once,
+        whole, into consecutive rows of ``buf`` (measured, 200 x 500 IDs, 5M rows, interleaved
+        A/B: forward 1.16x faster at p50 than zero-filling, masking and scattering rows back in
+        request order; the hash look-up left is two thirds of the request)."""
+        n = keys.size
+        buf = np.empty((n + 1, self.dim), np.float32)
+        buf[n] = 0.0
+        pos = np.full(n, n, np.int64)
+        nsh = len(self.bases)
+        if nsh == 1:
+            self._take_shard(0, keys, None, buf, pos, 0)
+            return buf, pos
+        sh = shard_of(keys, nsh)
+        off = 0
+        for s in range(nsh):
+            sel = np.flatnonzero(sh == s)
+            if sel.size:
+                off = self._take_shard(s, keys[sel], sel, buf, pos, off)
+        return buf, pos
+
+    def _take_shard(
+        self, s: int, keys: U64, at: I64 | None, buf: F32, pos: I64, off: int
+    ) -> int:  # fmt: skip
+        """Rows of ``keys`` (all of shard ``s``, at positions ``at`` of the request; None: all)
+        appended to ``buf`` from row ``off``, their rows' numbers written to ``pos``; the next
+        free row of ``buf``. Order of precedence: the overlay (a delta being merged), then the
+        base table, then the extras (rows added by earlier deltas)."""
         ov = self.overlays[s]
         if ov is not None:
             oi = ov.lookup(keys)
-            hit = oi >= 0
-            if hit.any():
+            hit = np.flatnonzero(oi >= 0)
+            if hit.size:
                 r = ov.rows(oi[hit])
-                keep = r[:, self.dim] == 0.0  # flagged rows are deletions: zero embedding
-                out[np.flatnonzero(hit)[keep]] = r[keep, : self.dim]
-                keys, pos = keys[~hit], pos[~hit]
+                live = np.flatnonzero(r[:, self.dim] == 0.0)  # flagged rows are deletions
+                buf[off : off + live.size] = r[live, : self.dim]
+                where = hit[live] if at is None else at[hit[live]]
+                pos[where] = np.arange(off, off + live.size)
+                off += live.size
+                rest = np.ones(keys.size, bool)
+                rest[hit] = False
+                keys = keys[rest]
+                at = np.flatnonzero(rest) if at is None else at[rest]
         if keys.size == 0:
-            return out
-        idx = base.lookup(keys)
-        ok = idx >= 0
-        if ok.all() and pos.size == out.shape[0]:
-            return base.weights(idx, out)
-        out[pos[ok]] = base.weights(idx[ok])
+            return off
+        off, miss = self._take_from(self.bases[s], keys, at, buf, pos, off)
         extra = self.extras[s]
-        if extra is not None and len(extra):
-            miss = ~ok
-            ei = extra.lookup(keys[miss])
-            eok = ei >= 0
-            out[pos[miss][eok]] = extra.weights(ei[eok])
-        return out
+        if miss.size and extra is not None and len(extra):
+            sub = miss if at is None else at[miss]
+            off, _ = self._take_from(extra, keys[miss], sub, buf, pos, off)
+        return off
+
+    @staticmethod
+    def _take_from(
+        table: EmbeddingTable, keys: U64, at: I64 | None, buf: F32, pos: I64, off: int
+    ) -> tuple[int, I64]:  # fmt: skip
+        """One table's rows of ``keys`` into ``buf`` from row ``off``; the next free row and
+        the indices (into ``keys``) of the keys it has no row for."""
+        idx = table.lookup(keys)
+        ok = idx >= 0
+        hit = np.flatnonzero(ok)
+        end = off + hit.size
+        table.weights(idx if hit.size == keys.size else idx[hit], buf[off:end])
+        pos[hit if at is None else at[hit]] = np.arange(off, end)
+        return end, np.flatnonzero(~ok)
+
+    def _one(self, s: int, keys: U64) -> F32:
+        buf = np.empty((keys.size + 1, self.dim), np.float32)
+        buf[keys.size] = 0.0
+        pos = np.full(keys.size, keys.size, np.int64)
+        self._take_shard(s, keys, None, buf, pos, 0)
+        return _rows_at(buf, pos)
 
     def shard_rows(self, s: int, keys: U64) -> F32:
         """Rows of ``keys`` that all belong to shard ``s`` (a table-shard process's look-up)."""
@@ -197,18 +259,7 @@ class ShardedTable:
 
     def gather(self, keys: U64) -> F32:
         """Rows of ``keys`` (any order, duplicates fine); zero rows for keys without one."""
-        n = len(self.bases)
-        if n == 1:
-            return self._one(0, keys)
-        out = np.empty((keys.size, self.dim), np.float32)
-        row = np.dtype((np.void, 4 * self.dim))  # whole rows: one memcpy each, not per element
-        flat = out.view(row).reshape(-1)
-        sh = shard_of(keys, n)
-        for s in range(n):
-            sel = np.flatnonzero(sh == s)
-            if sel.size:
-                flat[sel] = self._one(s, keys[sel]).view(row).reshape(-1)
-        return out
+        return _rows_at(*self.take(keys))
 
     def present(self, s: int, keys: U64) -> int:
         """How many of ``keys`` (distinct) have a row in shard ``s``."""
@@ -271,6 +322,53 @@ class TableStore:
         raise RuntimeError("a served model is read-only: it cannot be trained")
 
 
+def _rows_and_positions(table: RowSource, keys: U64) -> tuple[F32, I64]:
+    """``(buf, pos)`` with key ``i``'s row at ``buf[pos[i]]``: a local table's unordered rows
+    (:meth:`ShardedTable.take`, no reordering pass), else the source's rows in order."""
+    if isinstance(table, ShardedTable):
+        return table.take(keys)
+    return table.gather(keys), np.arange(keys.size, dtype=np.int64)
+
+
+MAX_BLOCK_ROWS = 64
+"""Longest item (in rows of the IDs a serving embedding sees) searched for shared IDs."""
+MIN_SHARED = 0.1
+"""Share of an item's IDs that must repeat in every item of the batch for the dedup to run."""
+
+
+def _item_blocks(ids: U64) -> tuple[U64, I64] | None:
+    """The IDs every item of a batch repeats at the same place, looked up once: ``(keys,
+    back)`` with ``ids.reshape(-1) == keys[back]``, or None when no such share is found.
+
+    A ranking request scores many candidate items for one user: the user and context features
+    are the same IDs in every item. The embedding sees the items as consecutive blocks of ``k``
+    rows (the model's reshape of ``(items, features)``); ``k`` is found by comparing the first
+    two blocks for each divisor of the row count (a few small compares: ~0.1 ms for 200 x 500
+    IDs when nothing repeats), then the positions equal in *every* block are taken once. Exact:
+    a repeated ID is the same row, and the rows reach ``embedding_bag`` in the same order.
+    Several requests batched together differ in their users: their blocks share less and the
+    dedup usually does not run (each batch still scores exactly)."""
+    r, width = ids.shape
+    for k in range(1, min(r // 2, MAX_BLOCK_ROWS) + 1):
+        if r % k:
+            continue
+        need = max(1, round(MIN_SHARED * k * width))
+        if np.count_nonzero(ids[:k] == ids[k : 2 * k]) < need:
+            continue
+        blocks = ids.reshape(r // k, k * width)
+        same = (blocks == blocks[0]).all(axis=0)
+        ns = int(np.count_nonzero(same))
+        if ns < need:
+            continue
+        own = ~same
+        keys = np.concatenate([blocks[0, same], blocks[:, own].reshape(-1)])
+        back = np.empty(blocks.shape, np.int64)
+        back[:, same] = np.arange(ns)
+        back[:, own] = np.arange(ns, keys.size).reshape(r // k, -1)
+        return keys, back.reshape(-1)
+    return None
+
+
 class ServingEmbedding(nn.Module):
     """:class:`SparseEmbedding`'s forward on served tables (same ops, no dedupe, no autograd)."""
 
@@ -281,13 +379,20 @@ class ServingEmbedding(nn.Module):
         self.mode = mode
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
-        flat = ids_to_numpy(ids).reshape(-1)
-        rows = torch.from_numpy(self.table.gather(flat))
-        pos = torch.arange(flat.size)
+        arr = ids_to_numpy(ids)
+        flat = arr.reshape(-1)
+        shared = _item_blocks(arr) if ids.dim() == 2 and offsets is None else None
+        if shared is None:
+            buf, at = _rows_and_positions(self.table, flat)
+        else:  # IDs repeated by every item looked up once
+            keys, back = shared
+            buf, at = _rows_and_positions(self.table, keys)
+            at = at[back]
+        rows, pos = torch.from_numpy(buf), torch.from_numpy(at)
         if offsets is not None:
             return F.embedding_bag(pos, rows, offsets, mode=self.mode)
         if ids.dim() == 1:
-            return rows
+            return rows if buf.shape[0] == flat.size else rows[pos]
         if ids.dim() == 2:
             return F.embedding_bag(pos.view(ids.shape), rows, mode=self.mode)
         raise ValueError(f"ids must be (B,), (B, L) or 1-D with offsets, got {tuple(ids.shape)}")
