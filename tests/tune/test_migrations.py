@@ -48,7 +48,7 @@ def tables(engine: sa.Engine) -> set[str]:
 
 
 def test_branches_have_one_head_each() -> None:
-    assert head_revisions() == {"0005", "tune_0001", "registry_0001"}
+    assert head_revisions() == {"0005", "tune_0001", "registry_0001", "deploy_0001"}
 
 
 def test_the_controller_chain_creates_no_tuning_table(db_url: str) -> None:
@@ -84,8 +84,15 @@ def _to_pre_branch_layout(engine: sa.Engine) -> None:
     """What the release before the branch left: one row, ``0005``, in ``alembic_version``."""
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
-        for table in ("registry_promotions", "registry_versions", "registry_models"):
-            conn.exec_driver_sql(f"DROP TABLE {table}")  # the registry came after that release
+        # the registry and deployments came after that release
+        for table in (
+            "registry_promotions",
+            "registry_versions",
+            "registry_models",
+            "deploy_replicas",
+            "deploy_deployments",
+        ):
+            conn.exec_driver_sql(f"DROP TABLE {table}")
         conn.exec_driver_sql(
             f"CREATE TABLE {LEGACY_VERSION_TABLE} (version_num VARCHAR(32) NOT NULL, "
             "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
