@@ -14,13 +14,18 @@ share of the requests (round-robin): a request's latency is exponential with rat
 ``mu - load``, so the q-quantile is ``ln(1/(1-q)) / (mu - load)`` and the fraction within the
 SLO ``1 - exp(-(mu - load) * slo)``. That is conservative (a pooled M/M/c queue has a lighter
 tail) and has one parameter, set from a measured point of the real runtime
-(:meth:`ReplicaModel.from_measurement`). A replica needs ``ready_s`` after its slot is
+(:meth:`ReplicaModel.from_measurement`). ``ServingConfig(dispatch="pooled")`` models what the
+live gateway does instead (least-outstanding routing ~ one M/M/c queue, Erlang C); it is not
+the default because the SLO autoscaler's per-replica latency fit over-estimates capacity on
+pooled latencies (``docs/coschedule.md``). A replica needs ``ready_s`` after its slot is
 granted before it serves (cold start).
 
 **Seconds.** :class:`ServingSimulation` steps each deployment one second at a time inside the
 reservations the co-scheduling policy made each round (:meth:`apply`). Requests arrive as
-Poisson counts of the trace's rate. Ready replicas serve at ``mu`` each; what they cannot serve
-waits in a FIFO backlog (a request that waited a second or more misses a sub-second SLO); at
+Poisson counts of the trace's rate, spread evenly over the second. Ready replicas serve at
+``mu`` each; what they cannot serve waits in a FIFO backlog, and a request misses the SLO when
+the work queued ahead of it on arrival takes longer than the SLO to serve (a few requests
+carried into the next second delay only its first milliseconds); at
 zero replicas the activator holds requests the same way until a replica is ready (the time
 from the first held request to the first answer is the *cold start* it reports). Requests
 are shed with 503 + Retry-After — counted as errors and as misses, never dropped silently —
@@ -38,6 +43,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -133,6 +139,43 @@ class ReplicaModel:
         slack = self.service_rps - load_rps
         return 0.0 if slack <= 0 else 1.0 - math.exp(-slack * slo_s)
 
+    def pooled_beyond(self, replicas: int, total_rps: float, t: float) -> float:
+        """P(latency > t) when ``replicas`` serve ``total_rps`` from one queue (M/M/c, FCFS):
+        the gateway routes each request to the replica with the fewest outstanding, which
+        behaves like a pooled queue, not like ``replicas`` separate ones (Erlang C)."""
+        mu = self.service_rps
+        c = int(replicas)
+        if c <= 0 or total_rps >= c * mu:
+            return 1.0
+        if total_rps <= 0:
+            return math.exp(-mu * t)
+        a = total_rps / mu
+        b = 1.0  # Erlang B by recursion, then Erlang C: the chance a request waits
+        for k in range(1, c + 1):
+            b = a * b / (k + a * b)
+        wait = b / (1.0 - (a / c) * (1.0 - b))
+        theta = c * mu - total_rps  # the wait's rate, given that it waits
+        if abs(theta - mu) < 1e-9 * mu:
+            both = (1.0 + mu * t) * math.exp(-mu * t)
+        else:
+            both = (theta * math.exp(-mu * t) - mu * math.exp(-theta * t)) / (theta - mu)
+        return min(max((1.0 - wait) * math.exp(-mu * t) + wait * both, 0.0), 1.0)
+
+    def pooled_quantile(self, replicas: int, total_rps: float, q: float) -> float:
+        """The q-quantile latency of :meth:`pooled_beyond` (inf at or past saturation)."""
+        if replicas <= 0 or total_rps >= replicas * self.service_rps:
+            return math.inf
+        lo, hi = 0.0, 1.0 / self.service_rps
+        while self.pooled_beyond(replicas, total_rps, hi) > 1.0 - q:
+            lo, hi = hi, 2.0 * hi
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if self.pooled_beyond(replicas, total_rps, mid) > 1.0 - q:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
 
 @dataclass(frozen=True)
 class ServingConfig:
@@ -143,6 +186,24 @@ class ServingConfig:
     queue_timeout_s: float = 30.0  # a queued request waiting this long is shed (503)
     activator_timeout_s: float = 120.0  # the same for one held at zero replicas (cold start)
     seed: int = 0
+    # "pooled": least-outstanding routing as the live gateway does (M/M/c); "split": requests
+    # spread evenly over separate M/M/1 replicas (the model before; more pessimistic)
+    dispatch: Literal["pooled", "split"] = "split"
+    # "fluid": a request misses when the backlog ahead of it when it arrives (arrivals spread
+    # over the second) takes longer than the SLO to serve; "second": every request of a
+    # second that starts with a backlog, or overflows, misses (the rule before)
+    backlog_misses: Literal["fluid", "second"] = "fluid"
+
+    def __post_init__(self) -> None:
+        for name, value, accepted in (
+            ("dispatch", self.dispatch, ("pooled", "split")),
+            ("backlog_misses", self.backlog_misses, ("fluid", "second")),
+        ):
+            if value not in accepted:
+                raise SimInputError(
+                    f"serving config: {name} = {value!r} is invalid; accepted: "
+                    f"{', '.join(accepted)}"
+                )
 
 
 @dataclass
@@ -273,7 +334,6 @@ class ServingSimulation:
 
     def _second(self, name: str, dep: _Dep, s: int) -> None:
         cfg = self.config
-        slo = dep.spec.slo_s
         mu = dep.model.service_rps
         arrivals = float(dep.rng.poisson(dep.rates[s]))
         ready = sum(1 for t in dep.ready_at if t <= s)
@@ -286,6 +346,8 @@ class ServingSimulation:
             arrivals = dep.admit_rps
         backlog = dep.backlog
         capacity = ready * mu
+        queued = sum(b[1] for b in backlog)
+        within = self._in_slo(dep, ready, arrivals, queued) if arrivals > 0 else 0.0
         served_old = 0.0
         while backlog and capacity > 0:
             take = min(backlog[0][1], capacity)
@@ -294,7 +356,6 @@ class ServingSimulation:
             served_old += take
             if backlog[0][1] <= 1e-9:
                 backlog.popleft()
-        within = 0.0
         if ready > 0 and dep.held_since is not None and served_old > 0:
             dep.cold_starts.append(s - dep.held_since)
             dep.held_since = None
@@ -307,18 +368,48 @@ class ServingSimulation:
         else:
             load = (served_old + arrivals) / ready
             now_served = min(arrivals, capacity)
-            if served_old == 0:  # no queue ahead: the M/M/1 tail decides
-                within = now_served * dep.model.within(load, slo)
             if arrivals > now_served:
                 backlog.append([float(s), arrivals - now_served, s + cfg.queue_timeout_s])
             if s % cfg.sample_every_s == 0 and load < mu:
-                q = dep.model.latency_quantile(load, dep.spec.slo_quantile)
-                noisy = q * float(dep.rng.lognormal(0.0, cfg.latency_noise))
+                q = dep.spec.slo_quantile
+                if cfg.dispatch == "pooled":
+                    lat = dep.model.pooled_quantile(ready, load * ready, q)
+                else:
+                    lat = dep.model.latency_quantile(load, q)
+                noisy = lat * float(dep.rng.lognormal(0.0, cfg.latency_noise))
                 self._samples[name].append((s, LatencySample(load, noisy)))
         while backlog and s >= backlog[0][2]:
             shed += backlog.popleft()[1]
         self._within[name][s] = within
         self._shed[name][s] = shed
+
+    def _in_slo(self, dep: _Dep, ready: int, arrivals: float, queued: float) -> float:
+        """Requests of this second answered within the SLO, ``queued`` waiting before it."""
+        if ready <= 0:
+            return 0.0
+        slo = dep.spec.slo_s
+        mu = dep.model.service_rps
+        cap = ready * mu
+        if self.config.backlog_misses == "second":
+            if queued > 0 or arrivals > cap:
+                return 0.0
+            return arrivals * self._tail_within(dep, ready, arrivals)
+        # fluid: arrivals spread over the second; the one arriving at x waits for the work
+        # ahead of it, q(x) = queued + (arrivals - cap) x (at least 0), served at cap
+        if arrivals < cap:
+            late = 0.0 if queued <= cap * slo else (queued - cap * slo) / (cap - arrivals)
+            ok = max(0.0, 1.0 - late)
+            return arrivals * ok * self._tail_within(dep, ready, arrivals)
+        if queued > cap * slo:
+            return 0.0
+        ok = 1.0 if arrivals == cap else min(1.0, (cap * slo - queued) / (arrivals - cap))
+        return arrivals * ok  # the ones in time wait less than the SLO; saturated, no tail
+
+    def _tail_within(self, dep: _Dep, ready: int, arrivals: float) -> float:
+        """Share within the SLO of a queue in steady state at this second's load."""
+        if self.config.dispatch == "pooled":
+            return 1.0 - dep.model.pooled_beyond(ready, arrivals, dep.spec.slo_s)
+        return dep.model.within(arrivals / ready, dep.spec.slo_s)
 
     # ------------------------------------------------------------ DemandSource
     def window(self, deployment: str, start: float, end: float) -> DemandWindow:

@@ -119,6 +119,63 @@ def test_overload_queues_as_misses_then_sheds_after_the_timeout() -> None:
     assert int(np.sum(rec.ready < rec.need)) == 300
 
 
+def test_a_small_carried_backlog_delays_only_the_first_requests() -> None:
+    # MODEL serves mu = 1230 req/s per replica; 2 replicas, 2440 req/s: at 99 % of mu, so
+    # Poisson seconds above 2460 leave a few requests queued into the next second
+    rate = 0.99 * 2 * MODEL.service_rps
+    fluid, whole = sim(rate, seed=3), sim(rate, seed=3, backlog_misses="second")
+    for s in (fluid, whole):
+        s.apply(0.0, res(2), warm=True)
+        s.advance_to(600)
+    f, w = fluid.records()["web"], whole.records()["web"]
+    assert np.array_equal(f.arrivals, w.arrivals)
+    # "second" counts every request of a second that starts with a backlog as a miss;
+    # "fluid" only those that wait longer than the SLO behind it (none: a few requests
+    # ahead take milliseconds)
+    carried = (w.within == 0) & (w.arrivals > 0)
+    assert carried.sum() > 10
+    assert f.within[carried].sum() > 0.5 * w.arrivals[carried].sum()
+    assert np.all(f.within >= w.within - 1e-6)
+
+
+def test_fluid_overload_misses_once_the_queue_ahead_exceeds_the_slo() -> None:
+    s = sim(0.0, seconds=10)
+    dep_ = s._deps["web"]
+    mu = MODEL.service_rps
+    cap = 2 * mu
+    # 10 % overload, empty queue: requests arriving after the queue holds slo x cap miss
+    got = s._in_slo(dep_, 2, 1.1 * cap, 0.0)
+    assert got == pytest.approx(1.1 * cap * min(1.0, SLO * cap / (0.1 * cap)))
+    # a queue ahead longer than the SLO: all miss, under- or overloaded
+    assert s._in_slo(dep_, 2, 1.1 * cap, 1.01 * SLO * cap) == 0.0
+    # under load with a long queue: only those after it drains to slo x cap are in time
+    queued = 0.3 * cap
+    late = (queued - SLO * cap) / (cap - 0.5 * cap)
+    expect = 0.5 * cap * (1.0 - late) * MODEL.within(0.25 * cap, SLO)
+    assert s._in_slo(dep_, 2, 0.5 * cap, queued) == pytest.approx(expect)
+
+
+def test_pooled_dispatch_matches_mm1_at_one_replica_and_has_a_lighter_tail() -> None:
+    mu = MODEL.service_rps
+    for load in (100.0, 600.0, 1100.0):
+        assert MODEL.pooled_beyond(1, load, SLO) == pytest.approx(1.0 - MODEL.within(load, SLO))
+        q = MODEL.pooled_quantile(1, load, 0.99)
+        assert q == pytest.approx(MODEL.latency_quantile(load, 0.99), rel=1e-6)
+    # 8 replicas at the per-replica load where one M/M/1 replica meets p99 = SLO exactly:
+    # pooled (least-outstanding routing) misses far less
+    per = MODEL.capacity(SLO, 0.99)
+    assert MODEL.pooled_beyond(8, 8 * per, SLO) < 1e-4
+    q8 = MODEL.pooled_quantile(8, 8 * per, 0.99)
+    assert MODEL.pooled_beyond(8, 8 * per, q8) == pytest.approx(0.01, rel=1e-6)
+    assert MODEL.pooled_beyond(8, 8 * mu, SLO) == 1.0  # saturated
+    pooled = sim(0.99 * 8 * per, dispatch="pooled")
+    split = sim(0.99 * 8 * per)
+    for s in (pooled, split):
+        s.apply(0.0, res(8), warm=True)
+        s.advance_to(600)
+    assert pooled.records()["web"].attainment > split.records()["web"].attainment + 0.005
+
+
 def test_capped_deployment_sheds_beyond_its_admitted_rate_at_once() -> None:
     s = sim(3000.0)
     cap = MODEL.capacity(SLO, 0.99)
@@ -221,3 +278,10 @@ def test_coscheduled_simulation_shares_the_cluster(small_workload_path: Path) ->
     assert max(held) > min(held)  # it followed the demand
     rec = serving.records()["web"]
     assert rec.attainment > 0.99
+
+
+def test_bad_serving_config_names_the_field() -> None:
+    with pytest.raises(SimInputError, match="dispatch"):
+        ServingConfig(dispatch="jsq")  # type: ignore[arg-type]
+    with pytest.raises(SimInputError, match="backlog_misses"):
+        ServingConfig(backlog_misses="per-request")  # type: ignore[arg-type]
