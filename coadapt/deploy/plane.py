@@ -153,7 +153,8 @@ class GatewayDemand:
     def window(self, deployment: str, start: float, end: float) -> DemandWindow:
         stats = self.stats(deployment, math.floor(start), STATS_TIMEOUT_S)
         seconds = stats.seconds if stats is not None else ()
-        return demand_window(seconds, start, end, self._plane.ready_count(deployment))
+        held = stats.held_now if stats is not None else 0
+        return demand_window(seconds, start, end, self._plane.ready_count(deployment), held)
 
 
 class DeploymentPlane:

@@ -162,13 +162,16 @@ class DemandWindow:
 
     ``rates`` are requests/s per second of the window, oldest first, ending at ``end``: offered
     demand, requests held by the activator or shed included. ``replicas`` is how many were
-    ready at ``end``.
+    ready at ``end``; ``held_now`` how many requests the activator holds at ``end`` (waiting
+    for a first replica): they keep a deployment busy however long ago they arrived, so a
+    replica being started for them is never scaled away before it answers.
     """
 
     end: float
     rates: tuple[float, ...] = ()
     samples: tuple[LatencySample, ...] = ()
     replicas: int = 0
+    held_now: int = 0
 
 
 @runtime_checkable
@@ -281,7 +284,7 @@ class KnativeAutoscaler:
         want_panic = math.ceil(panic_avg / per_replica - 1e-9)
         ready = window.replicas
         last_busy = float(state.get("last_busy", now))
-        if any(r > 0 for r in window.rates):
+        if window.held_now > 0 or any(r > 0 for r in window.rates):
             last_busy = now
         panic_since = state.get("panic_since")
         panic_max = int(state.get("panic_max", 0))
@@ -306,6 +309,8 @@ class KnativeAutoscaler:
             )
             if deployment.scale_to_zero_s is None or now - last_busy < idle_needed:
                 want = 1
+        if window.held_now > 0:
+            want = max(want, 1)  # the activator holds requests: a replica must come (or stay)
         new_state: PolicyState = {
             "hist": hist,
             "last_busy": last_busy,
@@ -503,12 +508,18 @@ class SloAutoscaler:
             still.append([now, forecast, horizon])
         # 4. replicas, scale to zero after an idle period
         last_busy = float(state.get("last_busy", now))
-        if any(r > 0 for r in window.rates):
+        if window.held_now > 0 or any(r > 0 for r in window.rates):
             last_busy = now
         want = math.ceil(forecast * (1.0 + headroom) / capacity - 1e-9)
-        if want == 0 and (
-            deployment.scale_to_zero_s is None or now - last_busy < deployment.scale_to_zero_s
-        ):
+        idle = (
+            window.held_now == 0
+            and deployment.scale_to_zero_s is not None
+            and now - last_busy >= deployment.scale_to_zero_s
+        )
+        if idle:
+            # the user's idle time wins over the recent peak the forecast still remembers
+            want = 0
+        elif want == 0:
             want = 1
         new_state.update(
             {

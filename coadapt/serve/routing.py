@@ -198,13 +198,14 @@ class GatewayStats:
 
 
 def demand_window(
-    seconds: Sequence[SecondStats], start: float, end: float, replicas: int
+    seconds: Sequence[SecondStats], start: float, end: float, replicas: int, held_now: int = 0
 ) -> DemandWindow:
     """The autoscaler's view of ``[start, end)``: offered requests/s for every second ``t``
     with ``floor(start) <= t < floor(end)`` (so consecutive windows cover every second exactly
     once, and a second still running at ``end`` waits for the next window; a second the gateway
     did not report had no request) and, for each second with served requests on ready
-    replicas, a (per-replica load, latency quantile) sample."""
+    replicas, a (per-replica load, latency quantile) sample; ``held_now``: requests the
+    activator holds now (:attr:`GatewayStats.held_now`)."""
     by_t = {s.t: s for s in seconds}
     first, last = math.floor(start), math.floor(end)
     rates = tuple(float(by_t[t].offered) if t in by_t else 0.0 for t in range(first, last))
@@ -213,4 +214,4 @@ def demand_window(
         for s in (by_t[t] for t in range(first, last) if t in by_t)
         if s.served > 0 and s.backends > 0 and s.latency_q_s is not None
     )
-    return DemandWindow(end=end, rates=rates, samples=samples, replicas=replicas)
+    return DemandWindow(end=end, rates=rates, samples=samples, replicas=replicas, held_now=held_now)

@@ -241,3 +241,32 @@ def test_slo_autoscaler_forgets_by_time_not_by_decisions(every: int) -> None:
     assert calm[-1].diagnostics["headroom"] == pytest.approx(0.5, abs=0.02)
     with pytest.raises(PolicyError, match="forget_period_s"):
         SloAutoscaler(forget_period_s=0.0)
+
+
+def test_slo_autoscaler_honours_a_short_idle_time_over_its_recent_peak() -> None:
+    """scale_to_zero_s shorter than the 60 s peak window: the user's idle time decides (the
+    remembered peak alone kept a replica for a minute after the last request)."""
+    d = dep(min_replicas=0, scale_to_zero_s=5.0)
+    scaler = SloAutoscaler()
+    decs, st = drive(scaler, d, [3.0] + [0.0] * 4, 1, every=5)
+    assert decs[-1].replicas == 1  # the request came within this window
+    decs, _ = drive(scaler, d, [0.0] * 5, 1, every=5, start=5.0, state=st)
+    assert decs[-1].replicas == 0  # 5 s without a request, though the peak window remembers it
+
+
+@pytest.mark.parametrize("scaler", [SloAutoscaler(), KnativeAutoscaler()], ids=["slo", "knative"])
+def test_requests_held_by_the_activator_keep_a_replica_coming(
+    scaler: SloAutoscaler | KnativeAutoscaler,
+) -> None:
+    """A request that arrived windows ago and still waits for a first replica is demand: the
+    replica being started for it is never scaled away before it answers."""
+    d = dep(min_replicas=0, scale_to_zero_s=0.0)
+    st: PolicyState = {}
+    for k in range(1, 6):  # 5 idle windows of 60 s, with one request held all along
+        now = 60.0 * k
+        window = DemandWindow(now, (0.0,) * 60, (), replicas=0, held_now=1)
+        dec = scaler.decide(d, window, st, now, 80.0)
+        st = dec.state
+        assert dec.replicas == 1, k
+    dec = scaler.decide(d, DemandWindow(360.0, (0.0,) * 60, (), 0), st, 360.0, 80.0)
+    assert dec.replicas == 0  # answered and idle: back to zero
