@@ -31,7 +31,8 @@ Rows (``name`` starts with ``ctr``): ``rps``, ``p50_ms``, ``p99_ms`` (server sid
 tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
 
 7. **Profile** (``_profile``, in process, no server): one request through a worker's predict
-   path stage by stage, and an interleaved A/B/C of the look-up paths (:func:`profile_main`).
+   path stage by stage, and an interleaved A/B/C/D of the look-up paths (:func:`profile_main`).
+   ``_probe``: ns per key of one table's probe, numpy path vs compiled (:func:`probe_main`).
 
     python benchmarks/serve/ctr.py --ctr-rows 2000000 --json out/ctr.json
     python benchmarks/serve/ctr.py _profile --rows 5000000 --iters 150 [--shared 0.3]
@@ -852,11 +853,12 @@ def _gather_in_order(table: Any, keys: np.ndarray) -> np.ndarray:
 
 def profile_main(argv: list[str]) -> int:
     """One 200 x 500 request through a worker's predict path, in process, stage by stage
-    (decode, shard split, look-up, row copy, pooling, MLP, encode), and an interleaved A/B/C of
-    the whole forward: the previous look-up (rows zero-filled, masked and scattered back in
+    (decode, shard split, look-up, row copy, pooling, MLP, encode), and an interleaved A/B/C/D
+    of the whole forward: the previous look-up (rows zero-filled, masked and scattered back in
     request order, then ``embedding_bag`` over ``arange``), ``ShardedTable.take`` (rows
-    addressed by position), and the served module (``take`` after looking the IDs every item
-    repeats up once: ``--shared``); all must score bit for bit alike.
+    addressed by position), the served module (``take`` after looking the IDs every item
+    repeats up once: ``--shared``) and ``take`` with the compiled probe kernels switched off
+    (``numpy``: the same run's numpy path); all must score bit for bit alike.
 
         python benchmarks/serve/ctr.py _profile --rows 5000000 --iters 200
     """
@@ -865,9 +867,9 @@ def profile_main(argv: list[str]) -> int:
 
     from coadapt.serve import codec
     from coadapt.serve.models import CtrRanker
-    from coadapt.serve.sparse_model import SparseView, TableStore, _swap_embeddings
+    from coadapt.serve.sparse_model import SparseView, TableStore, _by_shard, _swap_embeddings
+    from coadapt.sparse._jit import jit_available
     from coadapt.sparse.embedding import ids_to_numpy
-    from coadapt.sparse.server import shard_of
 
     p = argparse.ArgumentParser(prog="ctr.py _profile")
     p.add_argument("--rows", type=int, default=5_000_000)
@@ -907,11 +909,27 @@ def profile_main(argv: list[str]) -> int:
         )
         return model.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
 
+    def numpy_path(x: torch.Tensor) -> torch.Tensor:  # positions, compiled kernels off
+        from coadapt.sparse import _probe
+        from coadapt.sparse import table as table_mod
+
+        saved = (table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found)
+        split = _probe.split_shards
+        table_mod.probe_keys = table_mod.probe_stored = table_mod._take_found = None
+        _probe.split_shards = None
+        try:
+            return positions(x)
+        finally:
+            table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found = saved
+            _probe.split_shards = split
+
     arms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "ordered": ordered,
         "positions": positions,
         "served": model,
+        "numpy": numpy_path,
     }
+    ab["numpy"] = []
 
     load0 = os.getloadavg()[0]
     with torch.inference_mode():
@@ -922,8 +940,7 @@ def profile_main(argv: list[str]) -> int:
             x = torch.from_numpy(np.concatenate([ids]))  # the batcher's concatenation
             t.append(time.perf_counter())
             flat = ids_to_numpy(x).reshape(-1)
-            sh = shard_of(flat, a.shards)
-            sel = [np.flatnonzero(sh == s) for s in range(a.shards)]
+            sel = _by_shard(flat, a.shards)  # as ShardedTable.take splits (compiled or not)
             keys = [flat[s] for s in sel]
             t.append(time.perf_counter())
             idx = [table.bases[s].lookup(keys[s]) for s in range(a.shards)]
@@ -949,7 +966,7 @@ def profile_main(argv: list[str]) -> int:
                 ):  # fmt: skip
                     stages.setdefault(name, []).append(float(v))
             names = list(arms)
-            order = names[it % 3 :] + names[: it % 3]
+            order = names[it % len(names) :] + names[: it % len(names)]
             got = {}
             for k in order:  # interleaved, rotating: every arm sees the same load
                 t0 = time.perf_counter()
@@ -981,6 +998,9 @@ def profile_main(argv: list[str]) -> int:
             "ordered_over_positions_pairs": round(float(np.median(o / n)), 3),
             "positions_over_served_p50": round(float(np.median(n) / np.median(d)), 3),
             "positions_over_served_pairs": round(float(np.median(n / d)), 3),
+            "numpy_over_positions_p50": round(float(np.median(ab["numpy"]) / np.median(n)), 3),
+            "numpy_over_positions_pairs": round(float(np.median(np.array(ab["numpy"]) / n)), 3),
+            "kernels": jit_available(),
             "shared": a.shared,
             "rows": a.rows,
             "iters": a.iters,
@@ -992,6 +1012,89 @@ def profile_main(argv: list[str]) -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"rows": rows}, indent=1))
+    return 0
+
+
+def probe_main(argv: list[str]) -> int:
+    """ns per key of one table's probe, numpy path vs compiled kernels, interleaved rounds:
+    look-up only (``_prepare`` + ``_find_chunk`` vs ``probe_keys``) and look-up + copy of the
+    found rows (``lookup`` + ``weights`` vs ``take_found``); both paths' answers compared.
+
+        python benchmarks/serve/ctr.py _probe --rows 5000000 --keys 100000
+    """
+    from coadapt.sparse import _probe
+    from coadapt.sparse import table as table_mod
+    from coadapt.sparse.table import EmbeddingTable
+
+    p = argparse.ArgumentParser(prog="ctr.py _probe")
+    p.add_argument("--rows", type=int, default=5_000_000)
+    p.add_argument("--keys", type=int, default=100_000, help="IDs per probe (10 %% unknown)")
+    p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=15)
+    a = p.parse_args(argv)
+    if not _probe.warm():
+        raise SystemExit("no compiled kernels (numba absent or COADAPT_NO_JIT set)")
+    rng = np.random.default_rng(0)
+    keys = key_of(np.arange(a.rows))
+    t = EmbeddingTable(a.dim, a.dim, max_rows=int(a.rows * 1.1) + (1 << 16), initial_rows=a.rows)
+    for s in range(0, a.rows, 1 << 20):
+        kk = keys[s : s + (1 << 20)]
+        t.assign(kk, rng.standard_normal((kk.size, a.dim)).astype(np.float32))
+    q = keys[rng.integers(0, a.rows, a.keys)]
+    q[::10] = rng.integers(0, 2**64 - 1, q[::10].size, dtype=np.uint64, endpoint=True)
+    buf = np.empty((q.size + 1, a.dim), np.float32)
+    pos = np.empty(q.size, np.int64)
+    saved = (table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found)
+
+    def kernels(on: bool) -> None:
+        off = (None, None, None)
+        table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found = saved if on else off
+
+    def numpy_probe() -> np.ndarray:
+        stored, seg = t._prepare(q)
+        out = np.empty(q.size, np.int64)
+        for s in range(0, q.size, 8192):
+            out[s : s + 8192] = t._find_chunk(stored[s : s + 8192], seg[s : s + 8192])
+        return out
+
+    def take(on: bool) -> tuple[np.ndarray, np.ndarray]:
+        kernels(on)
+        try:
+            end, _ = t.take_found(q, buf, pos)
+            return buf[:end].copy(), pos.copy()
+        finally:
+            kernels(True)
+
+    arms: dict[str, Callable[[], Any]] = {
+        "numpy-probe": numpy_probe,
+        "compiled-probe": lambda: t.lookup(q),
+        "numpy-probe-and-copy": lambda: take(False),
+        "compiled-probe-and-copy": lambda: take(True),
+    }
+    if not np.array_equal(numpy_probe(), t.lookup(q)):
+        raise AssertionError("compiled probe differs from the numpy path")
+    b0, p0 = take(False)
+    b1, p1 = take(True)
+    if not (np.array_equal(b0, b1) and np.array_equal(p0, p1)):
+        raise AssertionError("compiled take_found differs from the numpy path")
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    load0 = os.getloadavg()[0]
+    for _ in range(a.rounds):
+        for name, fn in arms.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) / q.size * 1e9)
+    load = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    for name, v in times.items():
+        row = {
+            "name": f"probe-{name}",
+            "ns_per_key_median": round(float(np.median(v)), 1),
+            "ns_per_key_min": round(min(v), 1),
+            "rows": a.rows,
+            "keys": a.keys,
+            "load_avg": load,
+        }
+        print(json.dumps(row))
     return 0
 
 
@@ -1058,6 +1161,8 @@ def main(argv: list[str] | None = None) -> int:
         return trainer_main(argv[1:])
     if argv[:1] == ["_profile"]:
         return profile_main(argv[1:])
+    if argv[:1] == ["_probe"]:
+        return probe_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(p)
     p.add_argument("--json", type=Path, help="write the rows here")

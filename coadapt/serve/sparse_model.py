@@ -37,9 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from coadapt.serve.artifacts import ArtifactError, IntegrityError, Manifest, _import_factory
+from coadapt.sparse import _probe
+from coadapt.sparse._hashing import as_u64_keys
 from coadapt.sparse.embedding import SparseEmbedding, SparseEmbeddingCollection, ids_to_numpy
 from coadapt.sparse.export import DeltaTable
-from coadapt.sparse.server import shard_of
+from coadapt.sparse.server import SHARD_SALT, shard_of
 from coadapt.sparse.table import EmbeddingTable
 
 __all__ = [
@@ -94,6 +96,18 @@ def _resized_extras(
         for keys, rows in old.iter_chunks():
             new.assign(keys, rows)
     return new, room
+
+
+def _by_shard(keys: U64, nsh: int) -> list[I64]:
+    """Positions of ``keys`` per shard (``shard_of``), ascending: one compiled counting sort
+    when the kernels are available, else ``shard_of`` and a ``flatnonzero`` per shard."""
+    if _probe.split_shards is None:
+        sh = shard_of(keys, nsh)
+        return [np.flatnonzero(sh == s) for s in range(nsh)]
+    order = np.empty(keys.size, np.int64)
+    starts = np.zeros(nsh + 1, np.int64)
+    _probe.split_shards(np.ascontiguousarray(as_u64_keys(keys)), SHARD_SALT, nsh, order, starts)
+    return [order[starts[s] : starts[s + 1]] for s in range(nsh)]
 
 
 def _rows_at(buf: F32, pos: I64) -> F32:
@@ -193,10 +207,8 @@ class ShardedTable:
         if nsh == 1:
             self._take_shard(0, keys, None, buf, pos, 0)
             return buf, pos
-        sh = shard_of(keys, nsh)
         off = 0
-        for s in range(nsh):
-            sel = np.flatnonzero(sh == s)
+        for s, sel in enumerate(_by_shard(keys, nsh)):
             if sel.size:
                 off = self._take_shard(s, keys[sel], sel, buf, pos, off)
         return buf, pos
@@ -237,14 +249,9 @@ class ShardedTable:
         table: EmbeddingTable, keys: U64, at: I64 | None, buf: F32, pos: I64, off: int
     ) -> tuple[int, I64]:  # fmt: skip
         """One table's rows of ``keys`` into ``buf`` from row ``off``; the next free row and
-        the indices (into ``keys``) of the keys it has no row for."""
-        idx = table.lookup(keys)
-        ok = idx >= 0
-        hit = np.flatnonzero(ok)
-        end = off + hit.size
-        table.weights(idx if hit.size == keys.size else idx[hit], buf[off:end])
-        pos[hit if at is None else at[hit]] = np.arange(off, end)
-        return end, np.flatnonzero(~ok)
+        the indices (into ``keys``) of the keys it has no row for (one compiled pass when the
+        kernels are available: :meth:`EmbeddingTable.take_found`)."""
+        return table.take_found(keys, buf, pos, off, at)
 
     def _one(self, s: int, keys: U64) -> F32:
         buf = np.empty((keys.size + 1, self.dim), np.float32)
@@ -298,7 +305,9 @@ class SparseView:
 
     @classmethod
     def of(cls, loaded: Any) -> SparseView:
-        """A view of a :class:`~coadapt.serve.sparse_artifacts.SparseTables` (no overlays)."""
+        """A view of a :class:`~coadapt.serve.sparse_artifacts.SparseTables` (no overlays);
+        compiles (or loads from the disk cache) the probe kernels before the first request."""
+        _probe.warm()
         return cls({n: ShardedTable(n, loaded.dims[n], ts) for n, ts in loaded.shards.items()})
 
 
@@ -458,7 +467,9 @@ def _table(view: TableView, name: str, dim: int) -> RowSource:
 
 
 def serving_module(m: Manifest, dense: Mapping[str, torch.Tensor], view: TableView) -> nn.Module:
-    """The factory's module around ``view``, with ``dense`` loaded, in eval mode."""
+    """The factory's module around ``view``, with ``dense`` loaded, in eval mode (the probe
+    kernels warmed: the first request pays no compile)."""
+    _probe.warm()
     module = _import_factory(m.factory)(**m.factory_kwargs, store=TableStore(view))
     if not isinstance(module, nn.Module):
         raise ArtifactError(f"factory {m.factory!r} returned {type(module).__name__}, no Module")

@@ -41,6 +41,8 @@ import numpy.typing as npt
 
 from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64, unmix64
+from coadapt.sparse._probe import probe_keys, probe_stored
+from coadapt.sparse._probe import take_found as _take_found
 
 __all__ = ["CountMinSketch", "EmbeddingTable", "TableFullError"]
 
@@ -346,6 +348,13 @@ class EmbeddingTable:
         return base + b1, base + b2
 
     def _find(self, stored: npt.NDArray[np.uint64], seg: I64Array) -> I64Array:
+        if probe_stored is not None:  # compiled: one pass, no temporaries (``_probe``)
+            slot = np.empty(stored.size, np.int64)
+            probe_stored(
+                np.ascontiguousarray(stored), np.ascontiguousarray(seg, np.int64), self._keys,
+                self._nb, self._seg_buckets, self._b2_bits, slot,
+            )  # fmt: skip
+            return slot
         if stored.size <= _CHUNK:
             return self._find_chunk(stored, seg)
         slot = np.empty(stored.size, np.int64)
@@ -603,16 +612,59 @@ class EmbeddingTable:
 
     def lookup(self, keys: npt.ArrayLike, now: float | None = None) -> I64Array:
         """Row index per key, -1 where absent (not admitted or expired). ``now`` touches hits."""
-        stored, seg = self._prepare(keys)
-        if stored.size == 0:
-            return np.zeros(0, np.int64)
-        idx = self._find(stored, seg)
+        if probe_keys is not None:  # compiled: mix + probe per key, one pass (``_probe``)
+            k = np.ascontiguousarray(as_u64_keys(keys))
+            idx = np.empty(k.size, np.int64)
+            probe_keys(k, self._keys, self._nb, self._seg_buckets, self._shift, self._b2_bits, idx)
+        else:
+            stored, seg = self._prepare(keys)
+            if stored.size == 0:
+                return np.zeros(0, np.int64)
+            idx = self._find(stored, seg)
         if now is not None:
             self.touch(idx, now)
         return idx
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         return self.lookup(keys) >= 0
+
+    def take_found(
+        self, keys: npt.ArrayLike, buf: F32Array, pos: I64Array, off: int = 0,
+        at: I64Array | None = None,
+    ) -> tuple[int, I64Array]:  # fmt: skip
+        """Copy the embeddings of the keys that have a row into consecutive rows of ``buf``
+        from row ``off`` (in key order) and write each one's row number to ``pos[at[i]]``
+        (``pos[i]`` without ``at``); returns the next free row of ``buf`` and the indices
+        (into ``keys``) of the keys without a row. A server's look-up: with the compiled probe
+        it is one pass over the keys (probe, copy ``dim`` floats), no index array at all."""
+        k = np.ascontiguousarray(as_u64_keys(keys))
+        n = k.size
+        if buf.ndim != 2 or buf.shape[1] != self.dim or buf.dtype != np.float32:
+            raise ValueError(f"buf must be float32 (rows, {self.dim}), got {buf.dtype} {buf.shape}")
+        if off < 0 or buf.shape[0] < off + n:
+            raise ValueError(f"buf has {buf.shape[0]} rows, needs {off + n} (off={off})")
+        if pos.ndim != 1 or (at is None and pos.size < n):
+            raise ValueError(f"pos must be 1-D with at least {n} entries, got shape {pos.shape}")
+        if at is not None:
+            if at.shape != (n,):
+                raise ValueError(f"at must have shape ({n},), got {at.shape}")
+            if n and (int(at.min()) < 0 or int(at.max()) >= pos.size):
+                raise IndexError(f"at holds positions outside pos (size {pos.size})")
+        if _take_found is not None and buf.flags.c_contiguous and pos.dtype == np.int64:
+            miss = np.empty(n, np.int64)
+            at_ = np.empty(0, np.int64) if at is None else np.ascontiguousarray(at, np.int64)
+            end, nmiss = _take_found(
+                k, at_, self._keys, self._nb, self._seg_buckets, self._shift, self._b2_bits,
+                self._rows, self.dim, buf, pos, off, miss,
+            )  # fmt: skip
+            return int(end), miss[:nmiss]
+        idx = self.lookup(k)
+        ok = idx >= 0
+        hit = np.flatnonzero(ok)
+        end = off + hit.size
+        self.weights(idx if hit.size == n else idx[hit], buf[off:end])
+        pos[hit if at is None else at[hit]] = np.arange(off, end)
+        return end, np.flatnonzero(~ok)
 
     def lookup_or_insert(
         self,
