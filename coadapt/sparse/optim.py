@@ -5,6 +5,8 @@ optimizer's per-row state. The store hands ``(n, width)`` rows of the *unique* i
 their ``(n, dim)`` gradients (already summed per id); the optimizer updates both halves in
 place. Everything is vectorised float32 numpy with a fixed operation order, so the same inputs
 give bit-identical rows on every run (no threads, no reductions whose order can change).
+With numba installed, SGD, both AdaGrads and FTRL run a compiled one-pass kernel instead
+(:mod:`coadapt.sparse._optim_kernels`; same float32 math, tested against this numpy path).
 
 Implemented: SGD, AdaGrad element-wise (``torch.optim.Adagrad`` semantics) and row-wise (one
 accumulator per row, FBGEMM's "row-wise AdaGrad"), FTRL-Proximal (McMahan et al., KDD 2013) and
@@ -18,6 +20,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from coadapt.sparse._optim_kernels import fused_apply
 
 __all__ = [
     "SGD",
@@ -78,6 +82,13 @@ def _check(name: str, rows: np.ndarray, grads: np.ndarray | None, dim: int, sw: 
         )
 
 
+def _fused(opt: Any, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> bool:
+    """The compiled one-pass update on gathered rows (``_optim_kernels``); False → numpy."""
+    if not (rows.flags.c_contiguous and grads.flags.c_contiguous):
+        return False
+    return fused_apply(opt, rows, np.arange(rows.shape[0], dtype=np.int64), grads, dim, step)
+
+
 def _positive(owner: str, **values: float) -> None:
     for key, value in values.items():
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -118,6 +129,10 @@ class SGD:
 
     def apply(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         _check(self.name, rows, grads, dim, 0)
+        if not _fused(self, rows, grads, dim, step):
+            self._numpy(rows, grads, dim, step)
+
+    def _numpy(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         rows[:, :dim] -= _F32(self.lr) * grads
 
 
@@ -153,6 +168,10 @@ class AdaGrad:
 
     def apply(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         _check(self.name, rows, grads, dim, dim)
+        if not _fused(self, rows, grads, dim, step):
+            self._numpy(rows, grads, dim, step)
+
+    def _numpy(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         acc = rows[:, dim:]
         acc += grads * grads
         denom = np.sqrt(acc)
@@ -192,6 +211,10 @@ class RowwiseAdaGrad:
 
     def apply(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         _check(self.name, rows, grads, dim, 1)
+        if not _fused(self, rows, grads, dim, step):
+            self._numpy(rows, grads, dim, step)
+
+    def _numpy(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         acc = rows[:, dim : dim + 1]
         # float32 sum over a fixed-length axis: deterministic (numpy's pairwise order is fixed).
         acc += np.sum(grads * grads, axis=1, dtype=_F32, keepdims=True) / _F32(dim)
@@ -249,6 +272,10 @@ class Ftrl:
 
     def apply(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         _check(self.name, rows, grads, dim, 2 * dim)
+        if not _fused(self, rows, grads, dim, step):
+            self._numpy(rows, grads, dim, step)
+
+    def _numpy(self, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -> None:
         w = rows[:, :dim]
         z = rows[:, dim : 2 * dim]
         n = rows[:, 2 * dim :]

@@ -64,6 +64,7 @@ import numpy.typing as npt
 
 from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64
+from coadapt.sparse._optim_kernels import fused_apply
 from coadapt.sparse.changes import ChangeLog
 from coadapt.sparse.checkpoint import read_manifest, shard_file
 from coadapt.sparse.compress import decode, decode_shard
@@ -322,10 +323,13 @@ class ShardState:
         if idx.size == 0:
             return
         self.steps[t] += 1
-        buf = None if memo is None else memo.floats("rows", (idx.size, table.width))
-        rows = table.rows(idx, buf)
-        self.opts[t].apply(rows, np.ascontiguousarray(grads, np.float32), spec.dim, self.steps[t])
-        table._write_rows_unchecked(idx, rows)  # idx came from a lookup at this generation
+        g32 = np.ascontiguousarray(grads, np.float32)
+        # compiled: update the rows in place in the arena, one pass (``_optim_kernels``)
+        if not fused_apply(self.opts[t], table._rows, idx, g32, spec.dim, self.steps[t]):
+            buf = None if memo is None else memo.floats("rows", (idx.size, table.width))
+            rows = table.rows(idx, buf)
+            self.opts[t].apply(rows, g32, spec.dim, self.steps[t])
+            table._write_rows_unchecked(idx, rows)  # idx came from a lookup at this generation
         self.pushed_rows += idx.size
 
     def count(self, t: int, ids: npt.NDArray[np.uint64], clicks: np.ndarray) -> None:

@@ -61,6 +61,7 @@ def test_not_admitted_ids_embed_as_zero_and_are_not_updated() -> None:
     y = e(torch.tensor([42]))
     assert not y.any()
     y.sum().backward()
+    assert isinstance(e.store, LocalStore)
     assert len(e.store.state.tables[0]) == 0
 
 
@@ -84,3 +85,17 @@ def test_store_dim_mismatch_is_a_clear_error() -> None:
     store = LocalStore([TableSpec("t", 4)])
     with pytest.raises(ValueError, match="dim 4 on the store, module asks 8"):
         SparseEmbedding("t", 8, store=store)
+
+
+def test_compiled_row_sum_equals_index_add_bit_for_bit() -> None:
+    from coadapt.sparse.embedding import _sum_rows
+
+    if _sum_rows is None:
+        pytest.skip("numba missing or COADAPT_NO_JIT")
+    rng = np.random.default_rng(7)
+    index = rng.integers(0, 50, 3000).astype(np.int64)  # heavy repeats: order matters
+    grad = rng.standard_normal((3000, 16)).astype(np.float32)
+    out = np.full((60, 16), np.nan, np.float32)  # the kernel must zero rows no index hits
+    _sum_rows(index, grad, out)
+    ref = torch.zeros(60, 16).index_add_(0, torch.from_numpy(index), torch.from_numpy(grad))
+    assert np.array_equal(out, ref.numpy())
