@@ -126,17 +126,39 @@ def _scan(stored: Any, g1: Any, g2: Any, table: Any) -> Any:  # pragma: no cover
 
 
 @_helper
-def _mix_split(x: Any, shift: int) -> tuple[Any, Any]:  # pragma: no cover - compiled
-    """splitmix64 of one ID -> (stored value, segment): ``EmbeddingTable._prepare``."""
+def _splitmix(x: Any) -> Any:  # pragma: no cover - compiled
+    """splitmix64's finaliser of one uint64 (``_hashing.mix64``)."""
     z = x
     z ^= z >> _S30
     z *= _C1
     z ^= z >> _S27
     z *= _C2
     z ^= z >> _S31
+    return z
+
+
+@_helper
+def _mix_split(x: Any, shift: int) -> tuple[Any, Any]:  # pragma: no cover - compiled
+    """splitmix64 of one ID -> (stored value, segment): ``EmbeddingTable._prepare``."""
+    z = _splitmix(x)
     sh = np.uint64(shift)
     low = (_ONE << sh) - _ONE
     return (z & low) | _FLAG, np.int64(z >> sh)
+
+
+@_helper
+def _hash_block(  # pragma: no cover - compiled
+    keys: Any, a: int, m: int, table: Any, nb: Any, seg_buckets: int, shift: int, b2_bits: int,
+    st: Any, g1: Any, g2: Any,
+) -> None:  # fmt: skip
+    """Stored values and both bucket starts of ``keys[a:a + m]`` into ``st``, ``g1``, ``g2``,
+    each bucket prefetched: the first half of every raw-ID kernel's block."""
+    for j in range(m):
+        stored, seg = _mix_split(keys[a + j], shift)
+        st[j] = stored
+        g1[j], g2[j] = _buckets(stored, seg, nb, seg_buckets, b2_bits)
+        _prefetch(table, g1[j])
+        _prefetch(table, g2[j])
 
 
 @kernel()
@@ -150,12 +172,7 @@ def probe_keys(  # pragma: no cover - compiled
     n = keys.size
     for a in range(0, n, _BLOCK):
         m = min(_BLOCK, n - a)
-        for j in range(m):
-            stored, seg = _mix_split(keys[a + j], shift)
-            st[j] = stored
-            g1[j], g2[j] = _buckets(stored, seg, nb, seg_buckets, b2_bits)
-            _prefetch(table, g1[j])
-            _prefetch(table, g2[j])
+        _hash_block(keys, a, m, table, nb, seg_buckets, shift, b2_bits, st, g1, g2)
         for j in range(m):
             out[a + j] = _scan(st[j], g1[j], g2[j], table)
 
@@ -196,12 +213,7 @@ def take_found(  # pragma: no cover - compiled
     n = keys.size
     for a in range(0, n, _BLOCK):
         m = min(_BLOCK, n - a)
-        for j in range(m):
-            stored, seg = _mix_split(keys[a + j], shift)
-            st[j] = stored
-            g1[j], g2[j] = _buckets(stored, seg, nb, seg_buckets, b2_bits)
-            _prefetch(table, g1[j])
-            _prefetch(table, g2[j])
+        _hash_block(keys, a, m, table, nb, seg_buckets, shift, b2_bits, st, g1, g2)
         for j in range(m):
             s = _scan(st[j], g1[j], g2[j], table)
             g1[j] = s
@@ -232,13 +244,7 @@ def split_shards(  # pragma: no cover - compiled
     sh = np.empty(n, np.int64)
     m = np.uint64(nsh)
     for i in range(n):
-        z = keys[i] ^ salt
-        z ^= z >> _S30
-        z *= _C1
-        z ^= z >> _S27
-        z *= _C2
-        z ^= z >> _S31
-        s = np.int64(z % m)
+        s = np.int64(_splitmix(keys[i] ^ salt) % m)
         sh[i] = s
         starts[s + 1] += 1
     for t in range(nsh):
