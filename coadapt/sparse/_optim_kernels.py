@@ -149,8 +149,11 @@ def fused_apply(
     grads: npt.NDArray[np.float32],
     dim: int,
     step: int,
+    *,
+    unique: bool = False,
 ) -> bool:
     """Apply ``opt``'s update to ``arena[slots]`` in place from ``grads`` ((n, dim) float32).
+    ``unique=True`` promises ``slots`` has no repeats (skips finding the last occurrences).
 
     Returns False (nothing done) when no kernel covers this optimizer or the arrays are not in
     the layout the kernels need; the caller then takes the numpy path. ``step`` is unused by the
@@ -179,7 +182,7 @@ def fused_apply(
     width = arena.shape[1]
     if slots.size and (slots.min() < 0 or slots.max() >= arena.shape[0]):
         raise IndexError(f"slots out of range [0, {arena.shape[0]}) for the row arena")
-    keep = _first_from_end(slots)
+    keep = np.ones(slots.size, np.bool_) if unique else _first_from_end(slots)
     name = getattr(opt, "name", None)
     if name == "rowwise_adagrad" and width == dim + 1:
         _rowwise_adagrad(arena, slots, keep, grads, dim, _F32(opt.lr), _F32(opt.eps))

@@ -86,7 +86,8 @@ def _fused(opt: Any, rows: np.ndarray, grads: np.ndarray, dim: int, step: int) -
     """The compiled one-pass update on gathered rows (``_optim_kernels``); False → numpy."""
     if not (rows.flags.c_contiguous and grads.flags.c_contiguous):
         return False
-    return fused_apply(opt, rows, np.arange(rows.shape[0], dtype=np.int64), grads, dim, step)
+    slots = np.arange(rows.shape[0], dtype=np.int64)  # the gathered rows, one each
+    return fused_apply(opt, rows, slots, grads, dim, step, unique=True)
 
 
 def _positive(owner: str, **values: float) -> None:

@@ -49,7 +49,7 @@ def test_kernel_equals_numpy(opt: Any, dup: bool) -> None:
             slots = rng.permutation(n_rows)[:200].astype(np.int64)
         grads = rng.normal(0, 1, size=(slots.size, dim)).astype(np.float32)
         _numpy_reference(opt, ref, slots, grads, dim, step)
-        assert fused_apply(opt, got, slots, grads, dim, step)
+        assert fused_apply(opt, got, slots, grads, dim, step, unique=not dup)
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
     assert not np.array_equal(got, _arena(opt, n_rows, dim, seed=1))  # something moved
 
