@@ -41,6 +41,7 @@ tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -53,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -910,18 +911,8 @@ def profile_main(argv: list[str]) -> int:
         return model.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
 
     def numpy_path(x: torch.Tensor) -> torch.Tensor:  # positions, compiled kernels off
-        from coadapt.sparse import _probe
-        from coadapt.sparse import table as table_mod
-
-        saved = (table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found)
-        split = _probe.split_shards
-        table_mod.probe_keys = table_mod.probe_stored = table_mod._take_found = None
-        _probe.split_shards = None
-        try:
+        with kernels_off():
             return positions(x)
-        finally:
-            table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found = saved
-            _probe.split_shards = split
 
     arms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "ordered": ordered,
@@ -1015,6 +1006,24 @@ def profile_main(argv: list[str]) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def kernels_off() -> Iterator[None]:
+    """The numpy path of the table and the shard split inside the block (same process, for
+    interleaved A/B rounds; ``COADAPT_NO_JIT=1`` switches them off for a whole process)."""
+    from coadapt.sparse import _probe
+    from coadapt.sparse import table as table_mod
+
+    saved = (table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found)
+    split = _probe.split_shards
+    table_mod.probe_keys = table_mod.probe_stored = table_mod._take_found = None
+    _probe.split_shards = None
+    try:
+        yield
+    finally:
+        table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found = saved
+        _probe.split_shards = split
+
+
 def probe_main(argv: list[str]) -> int:
     """ns per key of one table's probe, numpy path vs compiled kernels, interleaved rounds:
     look-up only (``_prepare`` + ``_find_chunk`` vs ``probe_keys``) and look-up + copy of the
@@ -1023,7 +1032,6 @@ def probe_main(argv: list[str]) -> int:
         python benchmarks/serve/ctr.py _probe --rows 5000000 --keys 100000
     """
     from coadapt.sparse import _probe
-    from coadapt.sparse import table as table_mod
     from coadapt.sparse.table import EmbeddingTable
 
     p = argparse.ArgumentParser(prog="ctr.py _probe")
@@ -1044,11 +1052,6 @@ def probe_main(argv: list[str]) -> int:
     q[::10] = rng.integers(0, 2**64 - 1, q[::10].size, dtype=np.uint64, endpoint=True)
     buf = np.empty((q.size + 1, a.dim), np.float32)
     pos = np.empty(q.size, np.int64)
-    saved = (table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found)
-
-    def kernels(on: bool) -> None:
-        off = (None, None, None)
-        table_mod.probe_keys, table_mod.probe_stored, table_mod._take_found = saved if on else off
 
     def numpy_probe() -> np.ndarray:
         stored, seg = t._prepare(q)
@@ -1058,12 +1061,9 @@ def probe_main(argv: list[str]) -> int:
         return out
 
     def take(on: bool) -> tuple[np.ndarray, np.ndarray]:
-        kernels(on)
-        try:
+        with contextlib.nullcontext() if on else kernels_off():
             end, _ = t.take_found(q, buf, pos)
             return buf[:end].copy(), pos.copy()
-        finally:
-            kernels(True)
 
     arms: dict[str, Callable[[], Any]] = {
         "numpy-probe": numpy_probe,
