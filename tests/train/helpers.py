@@ -72,4 +72,8 @@ def _env() -> dict[str, str]:
 
 
 def read_log(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    """The log's complete records. Tests poll a log while its job still writes it, so the last
+    line may be half-written (CI once read a lone ``{``): only newline-terminated lines count."""
+    text = log.read_text()
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
