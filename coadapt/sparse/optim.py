@@ -41,7 +41,10 @@ _F32 = np.float32
 class RowOptimizer(Protocol):
     """The contract between the embedding store and a server-side optimizer."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The registry name (``make_row_optimizer``); the fused kernels dispatch on it."""
+        ...
 
     def state_width(self, dim: int) -> int:
         """Number of float32 state columns stored after the ``dim`` weights of each row."""

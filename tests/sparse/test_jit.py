@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ from coadapt.sparse import _jit
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache():
+def _fresh_cache() -> Iterator[None]:
     _jit.jit_available.cache_clear()
     yield
     _jit.jit_available.cache_clear()

@@ -30,7 +30,9 @@ def test_auc_matches_pairwise_definition() -> None:
 
 def test_fm_interaction_is_the_pairwise_sum() -> None:
     v = torch.randn(3, 5, 4, dtype=torch.float64)
-    brute = sum((v[:, i] * v[:, j]).sum(1) for i in range(5) for j in range(i + 1, 5))
+    brute = torch.stack(
+        [(v[:, i] * v[:, j]).sum(1) for i in range(5) for j in range(i + 1, 5)]
+    ).sum(0)
     assert torch.allclose(_fm_interaction(v), brute)
 
 

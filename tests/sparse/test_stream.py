@@ -32,7 +32,7 @@ def _records(n: int, start: int = 0) -> list[bytes]:
 
 
 def _exactly_once(
-    make_source: Callable[[str | None], StreamSource], publish: Callable[[list[bytes]], None]
+    make_source: Callable[[str | None], StreamSource], publish: Callable[[list[bytes]], object]
 ) -> None:
     """Produce N, apply k and checkpoint, read more without committing, crash, resume."""
     produced = _records(120)
