@@ -10,6 +10,9 @@ its peak (p99 <= 50 ms). The same co-scheduling wrapper runs with three autoscal
 * ``coadapt`` — the SLO autoscaler (learned capacity, forecast over the ready time, learned
   headroom), plus warm spare replicas on the slots training left idle (``--spare-share``).
 
+``--dispatch pooled`` (the default) models the live gateway's least-outstanding routing: the
+ready replicas share one queue (M/M/c), and the static partition, the oracle and the SLO
+autoscaler size pools; ``--dispatch split`` is the model before (separate M/M/1 replicas).
 Every strategy sees the same trace, the same replica model and the same mechanism: decisions
 once per 60 s round (or ``--serving-round`` S s serving rounds between 60 s full rounds, for
 all), a newly granted replica serves ``ready_s`` later, serving simulated at 1 s inside the
@@ -54,6 +57,7 @@ from coadapt.policies.autoscale import (
     StaticAutoscaler,
 )
 from coadapt.policies.coschedule import CoSchedulePolicy, Reservation, reservations_of
+from coadapt.policies.queueing import replicas_for
 from coadapt.sim import (
     SimConfig,
     SimulationError,
@@ -83,6 +87,11 @@ TRACE_S = 3 * 86_400  # request traces are generated this long; runs must end be
 #: its default miss budget (0.1 % and 0.2 % were measured: below 99.9 % attainment).
 COADAPT_SPARE_SHARE = 1.0
 COADAPT_MISS_BUDGET = 0.0005
+#: Pooled: a replica busy at most this share of the time at the SLO autoscaler's provision.
+COADAPT_MAX_UTILISATION = 0.98
+#: The live gateway routes least-outstanding over all ready replicas (coadapt/serve/gateway.py),
+#: which pools them (M/M/c); "split" (separate M/M/1 replicas) was the model before.
+DEFAULT_DISPATCH = "pooled"
 
 
 @dataclass(frozen=True)
@@ -120,10 +129,12 @@ def deployment(capacity_rps: float) -> Deployment:
 @dataclass(frozen=True)
 class OracleAutoscaler:
     """A bound, not a product: knows the trace's expected rate over the coming horizon and the
-    true capacity, and reserves exactly that (no forecast error, no headroom)."""
+    true replica model, and reserves exactly that (no forecast error, no headroom): separate
+    replicas of ``capacity`` each, or with ``pooled`` the least pool meeting the SLO."""
 
     rates: np.ndarray
     capacity: float
+    model: ReplicaModel | None = None  # set: pooled (M/M/c) sizing with this replica
     name: str = "oracle"
 
     def decide(
@@ -136,7 +147,15 @@ class OracleAutoscaler:
     ) -> ScaleDecision:
         lo, hi = int(now), min(int(now + horizon) + 1, len(self.rates))
         peak = float(self.rates[lo:hi].max())
-        return ScaleDecision(max(1, math.ceil(peak / self.capacity)), self.capacity, peak, {})
+        if self.model is None:
+            return ScaleDecision(max(1, math.ceil(peak / self.capacity)), self.capacity, peak, {})
+        n = max(1, pooled_replicas(self.model, peak))
+        return ScaleDecision(n, self.model.pooled_capacity(n, SLO_S, 0.99) / n, peak, {})
+
+
+def pooled_replicas(model: ReplicaModel, rate: float) -> int:
+    """The least pool of ``model`` replicas whose p99 at ``rate`` meets the SLO."""
+    return replicas_for(model.service_rps, rate, SLO_S, 0.99, 10_000)
 
 
 def make_autoscaler(
@@ -145,13 +164,22 @@ def make_autoscaler(
     rates: np.ndarray,
     capacity: float,
     miss_budget: float | None = None,
+    model: ReplicaModel | None = None,
+    max_utilisation: float = 1.0,
 ) -> Autoscaler:
+    """``model`` set: the replicas are pooled (``--dispatch pooled``) and the model-based
+    strategies size pools of it; None: separate M/M/1 replicas."""
     if strategy == "oracle-bound":
-        return OracleAutoscaler(rates, capacity)
+        return OracleAutoscaler(rates, capacity, model)
     if strategy == "static-partition":
         return StaticAutoscaler({"chat": static_slots})
     if strategy == "coadapt":
-        return SloAutoscaler() if miss_budget is None else SloAutoscaler(miss_budget=miss_budget)
+        options: dict[str, Any] = {"pooled": model is not None}
+        if model is not None:
+            options["max_utilisation"] = max_utilisation
+        if miss_budget is not None:
+            options["miss_budget"] = miss_budget
+        return SloAutoscaler(**options)
     if strategy.startswith("knative-style"):
         util = float(strategy.split("@", 1)[1]) if "@" in strategy else 0.7
         return KnativeAutoscaler(target_utilisation=util)
@@ -166,6 +194,8 @@ def run_one(
     serving_round_s: float | None = None,
     spare_share: float = 0.0,
     miss_budget: float | None = None,
+    dispatch: str = DEFAULT_DISPATCH,
+    max_utilisation: float = 1.0,
 ) -> Run:
     """One co-scheduled simulation: training to completion, serving beside it.
 
@@ -174,23 +204,35 @@ def run_one(
     once, and a full round (training too) runs every 60 s, when the set of jobs changed, or
     when serving needs training's slots. None: one full round per 60 s. ``spare_share``:
     :class:`CoSchedulePolicy`'s spare replicas on slots training left idle. ``miss_budget``:
-    the SLO autoscaler's (None: its default)."""
+    the SLO autoscaler's (None: its default). ``dispatch``: ``pooled`` (the live gateway's
+    least-outstanding routing, M/M/c) or ``split`` (separate M/M/1 replicas); the static
+    partition, the oracle and the SLO autoscaler size for it, Knative ignores it."""
     started = time.perf_counter()
     model = ReplicaModel.from_measurement(MEASURED_RPS_PER_REPLICA, MEASURED_P99_S)
     capacity = model.capacity(SLO_S, 0.99)
     cluster = parse_cluster(CLUSTER)
     peak = SERVING_SHARE * cluster.total_gpus * capacity
-    static_slots = math.ceil(peak / capacity - 1e-9)
+    pooled = dispatch == "pooled"
+    static_slots = pooled_replicas(model, peak) if pooled else math.ceil(peak / capacity - 1e-9)
     dep = deployment(capacity)
     spec = TraceSpec(peak_rps=peak, duration_s=TRACE_S, trough=trough, seed=seed)
     rates = diurnal_trace(spec)
-    serving = ServingSimulation([dep], {"chat": rates}, {"chat": model}, ServingConfig(seed=seed))
+    serving_config = ServingConfig(seed=seed, dispatch="pooled" if pooled else "split")
+    serving = ServingSimulation([dep], {"chat": rates}, {"chat": model}, serving_config)
     full_round_s = SimConfig().interval
     config = SimConfig(seed=seed, interval=serving_round_s or full_round_s)
     policy = CoSchedulePolicy(
         make_policy("pollux"),
         [dep],
-        make_autoscaler(strategy, static_slots, rates, capacity, miss_budget),
+        make_autoscaler(
+            strategy,
+            static_slots,
+            rates,
+            capacity,
+            miss_budget,
+            model if pooled else None,
+            max_utilisation,
+        ),
         serving,
         round_s=config.interval,
         full_round_s=None if serving_round_s is None else full_round_s,
@@ -244,7 +286,7 @@ def run_one(
     )
 
 
-def scale_to_zero_run(seed: int) -> dict[str, Any]:
+def scale_to_zero_run(seed: int, dispatch: str = DEFAULT_DISPATCH) -> dict[str, Any]:
     """A sporadic deployment (10-minute sessions at seeded times, idle between) under the SLO
     autoscaler with scale to zero after 300 s: how long the activator holds the first
     requests of each session (the cold start: the wait for the next round, then ``ready_s``)."""
@@ -263,8 +305,11 @@ def scale_to_zero_run(seed: int) -> dict[str, Any]:
     for hour in range(6):
         start = hour * 3600 + int(rng.integers(600, 2400))
         rates[start : start + 600] = 0.5 * capacity
-    serving = ServingSimulation([dep], {"sporadic": rates}, {"sporadic": model})
-    policy = CoSchedulePolicy(make_policy("fifo"), [dep], SloAutoscaler(), serving)
+    pooled = dispatch == "pooled"
+    config = ServingConfig(dispatch="pooled" if pooled else "split")
+    serving = ServingSimulation([dep], {"sporadic": rates}, {"sporadic": model}, config)
+    scaler = SloAutoscaler(pooled=pooled)
+    policy = CoSchedulePolicy(make_policy("fifo"), [dep], scaler, serving)
     nodes = tuple(parse_cluster(CLUSTER).nodes())
     serving.apply(0.0, {"sporadic": Reservation(0, 0, {}, capacity, None, 0.0)}, warm=True)
     state: PolicyState = {}
@@ -337,6 +382,19 @@ def main() -> int:
         help="coadapt: the SLO autoscaler's share of requests allowed above its provision",
     )
     parser.add_argument(
+        "--max-utilisation",
+        type=float,
+        default=COADAPT_MAX_UTILISATION,
+        help="coadapt, pooled: the most each replica is busy at the provision",
+    )
+    parser.add_argument(
+        "--dispatch",
+        choices=("pooled", "split"),
+        default=DEFAULT_DISPATCH,
+        help="pooled: the replicas share one queue, as behind the live gateway's "
+        "least-outstanding routing (M/M/c); split: separate M/M/1 replicas (the model before)",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=1, help="simulations run in this many processes at once"
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -363,6 +421,8 @@ def main() -> int:
                 serving_round_s=args.serving_round,
                 spare_share=args.spare_share if s == "coadapt" else 0.0,
                 miss_budget=args.miss_budget if s == "coadapt" else None,
+                dispatch=args.dispatch,
+                max_utilisation=args.max_utilisation,
             )
             for s, w in cases
         ]
@@ -383,7 +443,8 @@ def main() -> int:
     static_jct = by["static-partition"]["train_avg_jct_s"]
     for r in rows:
         r["jct_vs_static"] = r["train_avg_jct_s"] / static_jct - 1.0
-    table = Table(title=f"Serving + training on {CLUSTER}, pollux-{args.workloads} (simulated)")
+    title = f"Serving + training on {CLUSTER}, pollux-{args.workloads}, {args.dispatch} dispatch"
+    table = Table(title=f"{title} (simulated)")
     cols = ("strategy", "SLO attain.", "train JCT h", "vs static", "scale-up s", "errors")
     for col in (*cols, "serving slots", "deficit s"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
@@ -406,7 +467,7 @@ def main() -> int:
         f"coadapt: attainment {co['slo_attainment']:.4%} (target >= 99.9%), JCT "
         f"{co['jct_vs_static']:+.1%} vs static (target <= -30%); targets met: {ok}"
     )
-    zero = scale_to_zero_run(args.seed)
+    zero = scale_to_zero_run(args.seed, args.dispatch)
     console.print(
         f"scale to zero (sporadic deployment): cold starts {zero['cold_starts_s']} s, "
         f"attainment {zero['slo_attainment']:.4%}, errors {zero['errors']}, "
@@ -430,6 +491,8 @@ def main() -> int:
             "serving_round_s": args.serving_round,
             "coadapt_spare_share": args.spare_share,
             "coadapt_miss_budget": args.miss_budget,
+            "dispatch": args.dispatch,
+            "coadapt_max_utilisation": args.max_utilisation,
             "workloads": args.workloads,
         },
         "targets_met": ok,

@@ -60,6 +60,7 @@ from coadapt.policies.base import (
     PolicyState,
     validate_allocations,
 )
+from coadapt.policies.queueing import pooled_capacity
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,12 @@ class CoSchedulePolicy:
                 want = max(want, int(held_before))
             grant = min(want, free)
             free -= grant
-            grants.append((dep, want, grant, decision.capacity_rps))
+            cap = float(decision.capacity_rps)
+            if 0 < grant < want and decision.service_rps is not None:
+                # a pooled model: the per-replica capacity of a smaller pool is lower
+                pool = pooled_capacity(decision.service_rps, grant, dep.slo_s, dep.slo_quantile)
+                cap = pool / grant
+            grants.append((dep, want, grant, cap))
             serving_state[dep.name] = {"autoscaler": decision.state}
             key = f"serving.{dep.name}"
             diags[f"{key}.desired"] = float(want)

@@ -204,13 +204,17 @@ def demand_window(
     with ``floor(start) <= t < floor(end)`` (so consecutive windows cover every second exactly
     once, and a second still running at ``end`` waits for the next window; a second the gateway
     did not report had no request) and, for each second with served requests on ready
-    replicas, a (per-replica load, latency quantile) sample; ``held_now``: requests the
+    replicas, a (per-replica load, latency quantile, ready replicas) sample: the gateway
+    routes least-outstanding over all its backends, so they served that second as one pool
+    (:class:`~coadapt.policies.autoscale.LatencySample`); ``held_now``: requests the
     activator holds now (:attr:`GatewayStats.held_now`)."""
     by_t = {s.t: s for s in seconds}
     first, last = math.floor(start), math.floor(end)
     rates = tuple(float(by_t[t].offered) if t in by_t else 0.0 for t in range(first, last))
     samples = tuple(
-        LatencySample(load_rps=s.served / s.backends, latency_s=s.latency_q_s)
+        LatencySample(
+            load_rps=s.served / s.backends, latency_s=s.latency_q_s, replicas=int(s.backends)
+        )
         for s in (by_t[t] for t in range(first, last) if t in by_t)
         if s.served > 0 and s.backends > 0 and s.latency_q_s is not None
     )

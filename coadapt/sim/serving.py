@@ -15,10 +15,11 @@ share of the requests (round-robin): a request's latency is exponential with rat
 SLO ``1 - exp(-(mu - load) * slo)``. That is conservative (a pooled M/M/c queue has a lighter
 tail) and has one parameter, set from a measured point of the real runtime
 (:meth:`ReplicaModel.from_measurement`). ``ServingConfig(dispatch="pooled")`` models what the
-live gateway does instead (least-outstanding routing ~ one M/M/c queue, Erlang C); it is not
-the default because the SLO autoscaler's per-replica latency fit over-estimates capacity on
-pooled latencies (``docs/coschedule.md``). A replica needs ``ready_s`` after its slot is
-granted before it serves (cold start).
+live gateway does instead (least-outstanding routing ~ one M/M/c queue, Erlang C, the math in
+:mod:`coadapt.policies.queueing`); the SLO autoscaler must then fit the same model
+(``SloAutoscaler(pooled=True)``, ``docs/coschedule.md``). Each latency sample carries the
+ready replicas that served it. A replica needs ``ready_s`` after its slot is granted before
+it serves (cold start).
 
 **Seconds.** :class:`ServingSimulation` steps each deployment one second at a time inside the
 reservations the co-scheduling policy made each round (:meth:`apply`). Requests arrive as
@@ -47,6 +48,7 @@ from typing import Literal
 
 import numpy as np
 
+from coadapt.policies import queueing
 from coadapt.policies.autoscale import DemandWindow, Deployment, LatencySample
 from coadapt.policies.coschedule import Reservation
 from coadapt.sim.errors import SimInputError, SimulationError
@@ -142,39 +144,17 @@ class ReplicaModel:
     def pooled_beyond(self, replicas: int, total_rps: float, t: float) -> float:
         """P(latency > t) when ``replicas`` serve ``total_rps`` from one queue (M/M/c, FCFS):
         the gateway routes each request to the replica with the fewest outstanding, which
-        behaves like a pooled queue, not like ``replicas`` separate ones (Erlang C)."""
-        mu = self.service_rps
-        c = int(replicas)
-        if c <= 0 or total_rps >= c * mu:
-            return 1.0
-        if total_rps <= 0:
-            return math.exp(-mu * t)
-        a = total_rps / mu
-        b = 1.0  # Erlang B by recursion, then Erlang C: the chance a request waits
-        for k in range(1, c + 1):
-            b = a * b / (k + a * b)
-        wait = b / (1.0 - (a / c) * (1.0 - b))
-        theta = c * mu - total_rps  # the wait's rate, given that it waits
-        if abs(theta - mu) < 1e-9 * mu:
-            both = (1.0 + mu * t) * math.exp(-mu * t)
-        else:
-            both = (theta * math.exp(-mu * t) - mu * math.exp(-theta * t)) / (theta - mu)
-        return min(max((1.0 - wait) * math.exp(-mu * t) + wait * both, 0.0), 1.0)
+        behaves like a pooled queue, not like ``replicas`` separate ones (Erlang C;
+        :mod:`coadapt.policies.queueing`)."""
+        return queueing.pooled_beyond(self.service_rps, replicas, total_rps, t)
 
     def pooled_quantile(self, replicas: int, total_rps: float, q: float) -> float:
         """The q-quantile latency of :meth:`pooled_beyond` (inf at or past saturation)."""
-        if replicas <= 0 or total_rps >= replicas * self.service_rps:
-            return math.inf
-        lo, hi = 0.0, 1.0 / self.service_rps
-        while self.pooled_beyond(replicas, total_rps, hi) > 1.0 - q:
-            lo, hi = hi, 2.0 * hi
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            if self.pooled_beyond(replicas, total_rps, mid) > 1.0 - q:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        return queueing.pooled_quantile(self.service_rps, replicas, total_rps, q)
+
+    def pooled_capacity(self, replicas: int, slo_s: float, q: float) -> float:
+        """Total requests/s ``replicas`` pooled replicas serve within the SLO quantile."""
+        return queueing.pooled_capacity(self.service_rps, replicas, slo_s, q)
 
 
 @dataclass(frozen=True)
@@ -377,7 +357,7 @@ class ServingSimulation:
                 else:
                     lat = dep.model.latency_quantile(load, q)
                 noisy = lat * float(dep.rng.lognormal(0.0, cfg.latency_noise))
-                self._samples[name].append((s, LatencySample(load, noisy)))
+                self._samples[name].append((s, LatencySample(load, noisy, ready)))
         while backlog and s >= backlog[0][2]:
             shed += backlog.popleft()[1]
         self._within[name][s] = within
@@ -424,14 +404,29 @@ class ServingSimulation:
         return DemandWindow(end=float(end), rates=rates, samples=samples, replicas=replicas)
 
     # ------------------------------------------------------------ results
+    def _need(self, dep: _Dep, rate: np.ndarray) -> np.ndarray:
+        """Replicas each second's expected rate needs at the SLO (the true capacity): split,
+        ``ceil(rate / capacity)``; pooled, the least count whose M/M/c quantile meets it."""
+        slo, q = dep.spec.slo_s, dep.spec.slo_quantile
+        cap = dep.model.capacity(slo, q)
+        if cap <= 0:
+            return np.zeros(len(rate), dtype=np.int64)
+        split = np.ceil(rate / cap - 1e-9).astype(np.int64)
+        if self.config.dispatch != "pooled" or len(rate) == 0:
+            return split
+        most = int(split.max()) if len(split) else 0
+        # the pool's capacity grows with its size: most[c - 1] = what c replicas serve
+        pool = np.array([dep.model.pooled_capacity(c, slo, q) for c in range(1, most + 1)])
+        need = np.searchsorted(pool, rate - 1e-9, side="left") + 1
+        return np.where(rate > 0, need, 0).astype(np.int64)
+
     def records(self) -> dict[str, ServingRecord]:
         """Each deployment's series up to the current second."""
         out: dict[str, ServingRecord] = {}
         n = self.now
         for name, dep in self._deps.items():
-            cap = dep.model.capacity(dep.spec.slo_s, dep.spec.slo_quantile)
             rate = dep.rates[:n]
-            need = np.ceil(rate / cap - 1e-9).astype(np.int64) if cap > 0 else np.zeros(n)
+            need = self._need(dep, rate)
             out[name] = ServingRecord(
                 name=name,
                 rate=rate,

@@ -293,6 +293,8 @@ def test_demand_comes_from_the_gateway_stats(sqlite_store: Store, tmp_path: Path
         assert _StatsHandler.seen[-1] == "/-/stats?since=1000"
         assert w.rates == (10.0, 0.0, 30.0) and w.end == 1003.0 and w.replicas == 0
         assert [(s.load_rps, s.latency_s) for s in w.samples] == [(5.0, 0.02), (14.0, 0.04)]
+        # the ready replicas the gateway pooled that second: the fit reads them as M/M/c
+        assert [s.replicas for s in w.samples] == [2, 2]
         empty = plane.demand().window(down.name, 1000.0, 1003.0)
         assert empty.rates == (0.0, 0.0, 0.0) and empty.samples == ()
         assert plane.autoscaler().name == "slo"

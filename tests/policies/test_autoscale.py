@@ -17,11 +17,11 @@ from coadapt.policies.autoscale import (
     ScaleDecision,
     SloAutoscaler,
     StaticAutoscaler,
-    fit_capacity,
     make_autoscaler,
-    prior_stats,
+    prior_service_rate,
 )
 from coadapt.policies.base import PolicyError, PolicyState
+from coadapt.policies.queueing import pooled_capacity, pooled_quantile
 
 CAP = 1000.0  # requests/s per replica at the SLO
 
@@ -156,9 +156,86 @@ def test_capacity_learning_converges_on_synthetic_latencies() -> None:
 
 def test_prior_curve_passes_through_the_load_test_point() -> None:
     d = dep()
-    fit = fit_capacity(prior_stats(d, 1.0))
-    assert fit is not None
-    assert fit.capacity(d.slo_s) == pytest.approx(CAP)
+    assert pooled_quantile(prior_service_rate(d), 1, CAP, d.slo_quantile) == pytest.approx(d.slo_s)
+    assert SloAutoscaler().capacity(d, {}) == pytest.approx(CAP)
+
+
+@pytest.mark.parametrize("replicas", [1, 4, 16])
+def test_pooled_fit_converges_to_the_true_service_rate(replicas: int) -> None:
+    """Samples from c pooled replicas (M/M/c, the gateway's least-outstanding routing) at
+    loads the pool really meets: the fit finds the replica's true mu, 30 % above the load
+    test's, where the per-replica M/M/1 reading of the same samples does not."""
+    rng = np.random.default_rng([5, replicas])
+    d = dep()
+    true_mu = 1.3 * prior_service_rate(d)
+    pooled, split = SloAutoscaler(), SloAutoscaler(pooled=False)
+    st_pooled: PolicyState = {}
+    st_split: PolicyState = {}
+    for k in range(40):
+        utilisation = rng.uniform(0.3, 0.95, size=6)
+        samples = tuple(
+            LatencySample(
+                float(u * true_mu),
+                pooled_quantile(true_mu, replicas, float(u * true_mu * replicas), 0.99)
+                * float(rng.lognormal(0, 0.05)),
+                replicas,
+            )
+            for u in utilisation
+        )
+        now = 60.0 * (k + 1)
+        window = DemandWindow(now, (5000.0,) * 60, samples, replicas)
+        st_pooled = pooled.decide(d, window, st_pooled, now, 80.0).state
+        st_split = split.decide(d, window, st_split, now, 80.0).state
+        st_pooled = state_from_json(state_to_json(st_pooled))
+    assert pooled.service_rate(d, st_pooled) == pytest.approx(true_mu, rel=0.03)
+    mm1 = split.service_rate(d, st_split)
+    if replicas == 1:  # one replica: the two readings are the same model
+        assert mm1 == pytest.approx(true_mu, rel=0.03)
+    else:  # a pool's light tail read as one replica's: mu (and capacity) far too high
+        assert mm1 > 1.2 * true_mu
+
+
+def test_pooled_count_is_the_least_pool_meeting_the_slo() -> None:
+    d = dep(max_replicas=64)
+    scaler = SloAutoscaler(min_headroom=0.0, max_headroom=0.0)
+    mu = prior_service_rate(d)
+    rate = 20.0 * CAP  # separate replicas would need 20
+    dec = scaler.decide(d, DemandWindow(60.0, (rate,) * 60, (), 20), {}, 60.0, 80.0)
+    c = dec.replicas
+    assert pooled_quantile(mu, c, rate, 0.99) <= d.slo_s < pooled_quantile(mu, c - 1, rate, 0.99)
+    assert c == 19  # pooling: one fewer than ceil(rate / capacity) at this size
+    assert dec.capacity_rps == pytest.approx(pooled_capacity(mu, c, d.slo_s, 0.99) / c)
+    split = SloAutoscaler(min_headroom=0.0, max_headroom=0.0, pooled=False)
+    assert split.decide(d, DemandWindow(60.0, (rate,) * 60, (), 20), {}, 60.0, 80.0).replicas == 20
+    # a utilisation cap leaves each replica spare service rate to drain a burst's queue
+    capped = SloAutoscaler(min_headroom=0.0, max_headroom=0.0, max_utilisation=0.9)
+    n = capped.decide(d, DemandWindow(60.0, (rate,) * 60, (), 20), {}, 60.0, 80.0).replicas
+    assert n == math.ceil(rate / (0.9 * mu))
+    with pytest.raises(PolicyError, match="max_utilisation"):
+        SloAutoscaler(max_utilisation=1.5)
+
+
+def test_old_samples_and_old_state_still_load() -> None:
+    """A sample written without ``replicas`` is one replica serving its load (the M/M/1
+    reading it always had); a state saved by the per-replica line fit keeps its capacity."""
+    assert LatencySample(700.0, 0.01) == LatencySample(700.0, 0.01, 1)
+    with pytest.raises(DeploymentError, match="'replicas'"):
+        LatencySample(700.0, 0.01, 0)
+    d = dep()
+    # the old fit's statistics [w, Σx, Σy, Σxx, Σxy] of the line 1/latency = b0 + b1 * load
+    # through the M/M/1 curve of a replica whose capacity at the SLO is 1,300 req/s
+    mu = 1300.0 + d.tail_factor / d.slo_s
+    stats = [0.0] * 5
+    for x in (0.0, 650.0, 1300.0):
+        y = (mu - x) / d.tail_factor
+        stats = [a + b for a, b in zip(stats, (1.0, x, y, x * x, x * y), strict=True)]
+    old = state_from_json(state_to_json({"fit": stats, "level": 2000.0, "trend": 0.0}))
+    scaler = SloAutoscaler()
+    assert scaler.capacity(d, old) == pytest.approx(1300.0)
+    dec = scaler.decide(d, DemandWindow(60.0, (2000.0,) * 60, (), 2), old, 60.0, 80.0)
+    assert dec.state["mu_fit"][1] / dec.state["mu_fit"][0] == pytest.approx(math.log(mu))
+    # a state whose line does not fall (no learning yet) starts from the load test
+    assert scaler.capacity(d, {"fit": [1.0, 0.0, 0.0, 0.0, 0.0]}) == pytest.approx(CAP)
 
 
 def test_slo_autoscaler_provisions_ahead_of_a_ramp() -> None:

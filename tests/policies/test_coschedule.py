@@ -22,6 +22,7 @@ from coadapt.policies.autoscale import (
 )
 from coadapt.policies.base import PolicyError
 from coadapt.policies.coschedule import CoSchedulePolicy, reservations_of, training_snapshot
+from coadapt.policies.queueing import pooled_capacity
 from tests.policies.builders import random_snapshot
 
 CAP = 1000.0
@@ -60,7 +61,7 @@ def test_training_never_gets_reserved_slots(inner: str, seed: int) -> None:
     policy = CoSchedulePolicy(
         make_policy(inner),
         [dep("a", 1), dep("b")],
-        SloAutoscaler(min_headroom=0.0, max_headroom=0.0),
+        SloAutoscaler(min_headroom=0.0, max_headroom=0.0, pooled=False),  # per-replica counts
         demand,
     )
     decision = policy.optimize(snap, {}, np.random.default_rng(seed))
@@ -86,7 +87,7 @@ def test_priority_and_shedding_when_serving_exceeds_the_cluster() -> None:
     policy = CoSchedulePolicy(
         make_policy("pollux"),
         [dep("lo", priority=0), dep("hi", priority=5)],
-        SloAutoscaler(min_headroom=0.0, max_headroom=0.0),
+        SloAutoscaler(min_headroom=0.0, max_headroom=0.0, pooled=False),  # per-replica counts
         demand,
     )
     decision = policy.optimize(snap, {}, np.random.default_rng(0))
@@ -97,6 +98,29 @@ def test_priority_and_shedding_when_serving_exceeds_the_cluster() -> None:
     assert res["lo"].retry_after_s == pytest.approx(60.0 + 20.0)  # a round + a cold start
     assert all(not any(a) for a in decision.allocations.values())  # training waits
     validate_allocations(snap, decision.allocations)
+
+
+def test_a_capped_pool_is_admitted_at_its_own_pooled_capacity() -> None:
+    """Pooled replicas (the gateway's least-outstanding routing) serve more each the larger
+    the pool: a deployment granted fewer than it asked is admitted at what the smaller pool
+    serves within the SLO, not at the per-replica capacity of the pool it wanted."""
+    nodes = tuple(NodeInfo(f"n{i}", 4) for i in range(2))  # 8 slots
+    snap = random_snapshot(5, num_nodes=2, num_jobs=3)
+    snap = ClusterSnapshot(snap.now, nodes, snap.jobs, snap.current)
+    demand = ConstantDemand({"hi": 6000.0, "lo": 12000.0})
+    scaler = SloAutoscaler(min_headroom=0.0, max_headroom=0.0)
+    policy = CoSchedulePolicy(
+        make_policy("pollux"), [dep("lo", priority=0), dep("hi", priority=5)], scaler, demand
+    )
+    decision = policy.optimize(snap, {}, np.random.default_rng(0))
+    res = reservations_of(decision.state)
+    lo = res["lo"]
+    assert lo.slots == 8 - res["hi"].slots and lo.desired > lo.slots > 0
+    d = dep("lo")
+    mu = scaler.service_rate(d, {})
+    assert lo.admit_rps == pytest.approx(pooled_capacity(mu, lo.slots, d.slo_s, 0.99))
+    wanted_each = pooled_capacity(mu, lo.desired, d.slo_s, 0.99) / lo.desired
+    assert lo.admit_rps < lo.slots * wanted_each
 
 
 def test_static_partition_holds_its_size_whatever_the_demand() -> None:

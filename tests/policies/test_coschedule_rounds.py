@@ -54,7 +54,7 @@ class CountingPolicy:
 
 def exact() -> SloAutoscaler:
     """Asks exactly ceil(rate / CAP): no headroom and no trend, so the tests set the count."""
-    return SloAutoscaler(beta=0.0, min_headroom=0.0, max_headroom=0.0)
+    return SloAutoscaler(beta=0.0, min_headroom=0.0, max_headroom=0.0, pooled=False)
 
 
 def dep() -> Deployment:

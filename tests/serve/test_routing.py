@@ -87,3 +87,22 @@ def test_the_window_fills_silent_seconds_and_samples_only_served_ones() -> None:
     assert w.rates == (4.0, 0.0, 5.0)
     assert [(s.load_rps, s.latency_s) for s in w.samples] == [(2.0, 0.03)]
     assert (w.end, w.replicas) == (13.0, 0)
+
+
+def test_samples_carry_the_pool_that_served_them() -> None:
+    """The gateway routes least-outstanding over all its backends: a second's latency is the
+    pool's, so the sample says how many replicas shared the load (issue 17); a stats document
+    without per-second backends (an older gateway) gives no sample rather than a guess."""
+    seconds = [
+        SecondStats(20, offered=90, served=90, latency_q_s=0.004, backends=3),
+        SecondStats(21, offered=80, served=80, latency_q_s=0.004, backends=4),
+    ]
+    w = demand_window(seconds, 20.0, 22.0, replicas=4)
+    assert [(s.load_rps, s.replicas, s.total_rps) for s in w.samples] == [
+        (30.0, 3, 90.0),
+        (20.0, 4, 80.0),
+    ]
+    old = {"deployment": "web", "generation": 1, "now": 22.0,
+           "seconds": [{"t": 20, "offered": 9, "served": 9, "latency_q_s": 0.01}]}  # fmt: skip
+    stats = GatewayStats.from_json(old)
+    assert demand_window(stats.seconds, 20.0, 21.0, replicas=1).samples == ()
