@@ -33,6 +33,8 @@ tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
 7. **Profile** (``_profile``, in process, no server): one request through a worker's predict
    path stage by stage, and an interleaved A/B/C/D of the look-up paths (:func:`profile_main`).
    ``_probe``: ns per key of one table's probe, numpy path vs compiled (:func:`probe_main`).
+   Both take ``--huge-pages off,inside,...`` (``_profile`` also ``packed``): a twin table per
+   further mode, read by its own interleaved arm (the huge-page A/B of ``docs/serve.md``).
 
     python benchmarks/serve/ctr.py --ctr-rows 2000000 --json out/ctr.json
     python benchmarks/serve/ctr.py _profile --rows 5000000 --iters 150 [--shared 0.3]
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -294,6 +297,7 @@ def run_big(
     from coadapt.serve.sparse_artifacts import publish_sparse, verify_version
     from coadapt.sparse.client import PSClient
     from coadapt.sparse.server import TableSpec, running_servers
+    from coadapt.sparse.table import huge_page_bytes
 
     rows_total, dim = args.ctr_rows, args.ctr_dim
     spec = TableSpec(
@@ -378,6 +382,8 @@ def run_big(
                         "table_ratio": round(info["ratio"], 4),
                         "worker_rss": rss,
                         "rss_ratio": round(max(rss) / info["raw_bytes"], 4),
+                        # AnonHugePages: the served tables' transparent huge pages in use
+                        "worker_huge_page_bytes": [huge_page_bytes(p) for p in srv.workers],
                     }
                 )
                 log(json.dumps(out[-1]))
@@ -808,26 +814,37 @@ def run_freshness(
 # ----------------------------------------------------------------------------- profile
 
 
-def _served_tables(rows: int, dim: int, shards: int, log: Callable[[str], None]) -> Any:
+def _served_tables(
+    rows: int, dim: int, shards: int, log: Callable[[str], None], huge_pages: str = "inside"
+) -> Any:
     """A :class:`ShardedTable` of ``rows`` rows split as the trainer splits them (``shard_of``),
     built in this process: what a worker holds once a full version is loaded."""
     from coadapt.serve.sparse_model import ShardedTable
     from coadapt.sparse.server import shard_of
-    from coadapt.sparse.table import EmbeddingTable
+    from coadapt.sparse.table import EmbeddingTable, huge_page_bytes
 
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     keys = key_of(np.arange(rows))
     sh = shard_of(keys, shards)
     bases = []
+    packed = huge_pages == "packed"  # as a server loads a version (load_tables(packed=True))
     for s in range(shards):
         k = keys[sh == s]
-        t = EmbeddingTable(dim, dim, max_rows=int(k.size * 1.1) + (1 << 16), initial_rows=k.size)
+        t = EmbeddingTable(
+            dim, dim, max_rows=int(k.size * 1.1) + (1 << 16), initial_rows=k.size,
+            huge_pages="off" if packed else huge_pages,
+        )  # fmt: skip
         for a in range(0, k.size, 1 << 20):
             kk = k[a : a + (1 << 20)]
             t.assign(kk, (rng.standard_normal((kk.size, dim)) * 0.05).astype(np.float32))
-        bases.append(t)
-    log(f"built {rows} rows in {shards} shard tables in {time.perf_counter() - t0:.1f} s")
+        bases.append(t.packed() if packed else t)
+        del t
+    log(
+        f"built {rows} rows in {shards} shard tables (huge pages {huge_pages}) in "
+        f"{time.perf_counter() - t0:.1f} s; {huge_page_bytes() / 2**20:.0f} MiB of the process "
+        "in huge pages"
+    )
     return ShardedTable("ctr", dim, bases)
 
 
@@ -868,9 +885,16 @@ def profile_main(argv: list[str]) -> int:
 
     from coadapt.serve import codec
     from coadapt.serve.models import CtrRanker
-    from coadapt.serve.sparse_model import SparseView, TableStore, _by_shard, _swap_embeddings
+    from coadapt.serve.sparse_model import (
+        ShardedTable,
+        SparseView,
+        TableStore,
+        _by_shard,
+        _swap_embeddings,
+    )
     from coadapt.sparse._jit import jit_available
     from coadapt.sparse.embedding import ids_to_numpy
+    from coadapt.sparse.table import HUGE_PAGE_MODES
 
     p = argparse.ArgumentParser(prog="ctr.py _profile")
     p.add_argument("--rows", type=int, default=5_000_000)
@@ -879,14 +903,32 @@ def profile_main(argv: list[str]) -> int:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--bodies", type=int, default=20, help="distinct requests cycled through")
     p.add_argument("--shared", type=float, default=0.0, help="as --ctr-shared")
+    p.add_argument(
+        "--huge-pages", default="inside",
+        help="comma-separated EmbeddingTable huge_pages modes, or 'packed' (segments end to end "
+        "in huge pages, as a server loads a version): the first builds the table every arm "
+        "reads; each further one a twin table, read by a 'positions-huge-MODE' arm",
+    )  # fmt: skip
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
+    modes = [m for m in a.huge_pages.split(",") if m]
+    for m in modes:
+        if m not in (*HUGE_PAGE_MODES, "packed"):
+            p.error(f"--huge-pages: {m!r} is not one of {', '.join(HUGE_PAGE_MODES)}, packed")
 
     def log(msg: str) -> None:
         print(f"[ctr-profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     torch.set_num_threads(1)  # as a worker runs (--threads 1)
-    table = _served_tables(a.rows, a.dim, a.shards, log)
+    table = _served_tables(a.rows, a.dim, a.shards, log, modes[0])
+    twins = {
+        m: (
+            ShardedTable("ctr", a.dim, [b.packed() for b in table.bases])  # same rows, a copy
+            if m == "packed"
+            else _served_tables(a.rows, a.dim, a.shards, log, m)
+        )
+        for m in modes[1:]
+    }
     view = SparseView({"ctr": table})
     model = CtrRanker(FEATURES, GROUPS, a.dim, HIDDEN, store=TableStore(view))
     _swap_embeddings(model, view)
@@ -903,8 +945,8 @@ def profile_main(argv: list[str]) -> int:
         pooled = F.embedding_bag(pos, rows, mode="sum")
         return model.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
 
-    def positions(x: torch.Tensor) -> torch.Tensor:  # take, without the shared-ID dedup
-        buf, pos = table.take(ids_to_numpy(x).reshape(-1))
+    def positions(x: torch.Tensor, t: Any = table) -> torch.Tensor:  # take, no shared-ID dedup
+        buf, pos = t.take(ids_to_numpy(x).reshape(-1))
         pooled = F.embedding_bag(
             torch.from_numpy(pos).view(-1, FEATURES // GROUPS), torch.from_numpy(buf), mode="sum"
         )
@@ -921,6 +963,9 @@ def profile_main(argv: list[str]) -> int:
         "numpy": numpy_path,
     }
     ab["numpy"] = []
+    for m, twin in twins.items():
+        arms[f"positions-huge-{m}"] = functools.partial(positions, t=twin)
+        ab[f"positions-huge-{m}"] = []
 
     load0 = os.getloadavg()[0]
     with torch.inference_mode():
@@ -991,6 +1036,19 @@ def profile_main(argv: list[str]) -> int:
             "positions_over_served_pairs": round(float(np.median(n / d)), 3),
             "numpy_over_positions_p50": round(float(np.median(ab["numpy"]) / np.median(n)), 3),
             "numpy_over_positions_pairs": round(float(np.median(np.array(ab["numpy"]) / n)), 3),
+            **{
+                f"huge_{m}_over_{modes[0]}_{how}": round(
+                    float(
+                        np.median(ab[f"positions-huge-{m}"]) / np.median(n)
+                        if how == "p50"
+                        else np.median(np.array(ab[f"positions-huge-{m}"]) / n)
+                    ),
+                    3,
+                )
+                for m in twins
+                for how in ("p50", "pairs")
+            },
+            "huge_pages": modes,
             "kernels": jit_available(),
             "shared": a.shared,
             "rows": a.rows,
@@ -1032,22 +1090,48 @@ def probe_main(argv: list[str]) -> int:
         python benchmarks/serve/ctr.py _probe --rows 5000000 --keys 100000
     """
     from coadapt.sparse import _probe
-    from coadapt.sparse.table import EmbeddingTable
+    from coadapt.sparse.table import HUGE_PAGE_MODES, EmbeddingTable, huge_page_bytes
 
     p = argparse.ArgumentParser(prog="ctr.py _probe")
     p.add_argument("--rows", type=int, default=5_000_000)
     p.add_argument("--keys", type=int, default=100_000, help="IDs per probe (10 %% unknown)")
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument(
+        "--huge-pages", default="inside",
+        help="comma-separated huge_pages modes: the first builds the table every arm reads; "
+        "each further one a twin, read by a 'compiled-probe-and-copy-huge-MODE' arm",
+    )  # fmt: skip
     a = p.parse_args(argv)
+    modes = [m for m in a.huge_pages.split(",") if m]
+    for m in modes:
+        if m not in HUGE_PAGE_MODES:
+            p.error(f"--huge-pages: {m!r} is not one of {', '.join(HUGE_PAGE_MODES)}")
     if not _probe.warm():
         raise SystemExit("no compiled kernels (numba absent or COADAPT_NO_JIT set)")
-    rng = np.random.default_rng(0)
     keys = key_of(np.arange(a.rows))
-    t = EmbeddingTable(a.dim, a.dim, max_rows=int(a.rows * 1.1) + (1 << 16), initial_rows=a.rows)
-    for s in range(0, a.rows, 1 << 20):
-        kk = keys[s : s + (1 << 20)]
-        t.assign(kk, rng.standard_normal((kk.size, a.dim)).astype(np.float32))
+
+    def build(mode: str) -> EmbeddingTable:
+        rng = np.random.default_rng(0)
+        h0 = huge_page_bytes()
+        t = EmbeddingTable(
+            a.dim, a.dim, max_rows=int(a.rows * 1.1) + (1 << 16), initial_rows=a.rows,
+            huge_pages=mode,
+        )  # fmt: skip
+        for s in range(0, a.rows, 1 << 20):
+            kk = keys[s : s + (1 << 20)]
+            t.assign(kk, rng.standard_normal((kk.size, a.dim)).astype(np.float32))
+        print(
+            json.dumps(
+                {"name": f"probe-table-{mode}", "nbytes": t.nbytes(),
+                 "huge_page_bytes": huge_page_bytes() - h0}
+            ), flush=True,
+        )  # fmt: skip
+        return t
+
+    t = build(modes[0])
+    twins = {m: build(m) for m in modes[1:]}
+    rng = np.random.default_rng(0)
     q = keys[rng.integers(0, a.rows, a.keys)]
     q[::10] = rng.integers(0, 2**64 - 1, q[::10].size, dtype=np.uint64, endpoint=True)
     buf = np.empty((q.size + 1, a.dim), np.float32)
@@ -1060,9 +1144,9 @@ def probe_main(argv: list[str]) -> int:
             out[s : s + 8192] = t._find_chunk(stored[s : s + 8192], seg[s : s + 8192])
         return out
 
-    def take(on: bool) -> tuple[np.ndarray, np.ndarray]:
+    def take(on: bool, tab: EmbeddingTable = t) -> tuple[np.ndarray, np.ndarray]:
         with contextlib.nullcontext() if on else kernels_off():
-            end, _ = t.take_found(q, buf, pos)
+            end, _ = tab.take_found(q, buf, pos)
             return buf[:end].copy(), pos.copy()
 
     arms: dict[str, Callable[[], Any]] = {
@@ -1071,29 +1155,40 @@ def probe_main(argv: list[str]) -> int:
         "numpy-probe-and-copy": lambda: take(False),
         "compiled-probe-and-copy": lambda: take(True),
     }
+    for m, twin in twins.items():
+        arms[f"compiled-probe-and-copy-huge-{m}"] = functools.partial(take, True, twin)
     if not np.array_equal(numpy_probe(), t.lookup(q)):
         raise AssertionError("compiled probe differs from the numpy path")
     b0, p0 = take(False)
     b1, p1 = take(True)
     if not (np.array_equal(b0, b1) and np.array_equal(p0, p1)):
         raise AssertionError("compiled take_found differs from the numpy path")
+    for twin in twins.values():
+        b2, p2 = take(True, twin)
+        if not (np.array_equal(b0, b2) and np.array_equal(p0, p2)):
+            raise AssertionError("a huge-page twin's take_found differs")
     times: dict[str, list[float]] = {k: [] for k in arms}
     load0 = os.getloadavg()[0]
-    for _ in range(a.rounds):
-        for name, fn in arms.items():
+    names = list(arms)
+    for r in range(a.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotating order
             t0 = time.perf_counter()
-            fn()
+            arms[name]()
             times[name].append((time.perf_counter() - t0) / q.size * 1e9)
     load = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    base = np.array(times["compiled-probe-and-copy"])
     for name, v in times.items():
-        row = {
+        row: dict[str, Any] = {
             "name": f"probe-{name}",
             "ns_per_key_median": round(float(np.median(v)), 1),
             "ns_per_key_min": round(min(v), 1),
             "rows": a.rows,
             "keys": a.keys,
+            "huge_pages": modes[0] if "-huge-" not in name else name.rsplit("-", 1)[1],
             "load_avg": load,
         }
+        if "-huge-" in name:
+            row[f"over_{modes[0]}_pairs"] = round(float(np.median(np.array(v) / base)), 3)
         print(json.dumps(row))
     return 0
 

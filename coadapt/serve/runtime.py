@@ -280,7 +280,7 @@ class ModelSlot:
         inputs = sparse_artifacts.inputs_of(m)
         pending: PendingMerge | None = None
         if m.kind == "full":
-            tables = sparse_artifacts.load_tables(self.root, step)
+            tables = sparse_artifacts.load_tables(self.root, step, packed=True)
             dense = sparse_artifacts.dense_state(self.root, step)
             view, chain = SparseView.of(tables), tables.chain
         else:

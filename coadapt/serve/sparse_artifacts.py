@@ -381,7 +381,9 @@ def _shard_entries(m: Manifest) -> list[FileEntry]:
     return out
 
 
-def _read_all(root: Path, m: Manifest, shards: Sequence[int] | None = None) -> list[Any]:
+def _read_all(
+    root: Path, m: Manifest, shards: Sequence[int] | None = None, packed: bool = False
+) -> list[Any]:
     """The shard files of ``m`` (every one, or those numbered in ``shards``), read and verified
     in parallel (one thread per file)."""
     vdir = root / m.version
@@ -403,7 +405,7 @@ def _read_all(root: Path, m: Manifest, shards: Sequence[int] | None = None) -> l
         if size != fe.size:
             raise IntegrityError(f"{path}: {size} bytes, the manifest says {fe.size}")
         try:
-            return read_shard(path, fe.sha256)
+            return read_shard(path, fe.sha256, packed)
         except ExportError as exc:
             raise IntegrityError(f"{exc}; republish version {m.version}") from None
 
@@ -428,16 +430,19 @@ def resolve_path(root: str | os.PathLike[str], version: str, have: str | None) -
 
 
 def load_tables(
-    root: str | os.PathLike[str], version: str, shards: Sequence[int] | None = None
-) -> SparseTables:
+    root: str | os.PathLike[str], version: str, shards: Sequence[int] | None = None,
+    *, packed: bool = False,
+) -> SparseTables:  # fmt: skip
     """Load a *full* sparse version's tables (shards read in parallel, checksums verified).
     ``shards``: only these shard files (a table-shard process holds its part of the model);
-    the tables' shard lists then follow that order."""
+    the tables' shard lists then follow that order. ``packed``: segments laid end to end in
+    huge pages (:meth:`EmbeddingTable.packed`), for a server, whose base tables never grow
+    (rows a delta adds go to separate tables); not for :func:`apply_delta_offline`."""
     root = Path(root)
     m = _sparse_manifest(root, version)
     if m.kind != "full":
         raise ArtifactError(f"version {version} is incremental: resolve it with resolve_path")
-    files = _read_all(root, m, shards)
+    files = _read_all(root, m, shards, packed)
     assert m.sparse is not None
     dims = {str(t["name"]): int(t["dim"]) for t in m.sparse["tables"]}
     tables: dict[str, list[EmbeddingTable]] = {n: [] for n in dims}

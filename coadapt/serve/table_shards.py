@@ -206,7 +206,7 @@ class ShardModel:
         local = {s: k for k, s in enumerate(mine)}
         if cur is None:  # the full base, then each delta merged at once (nothing serves yet)
             path = sparse_artifacts.resolve_path(self.root, version, None)
-            tables = sparse_artifacts.load_tables(self.root, path[0], mine)
+            tables = sparse_artifacts.load_tables(self.root, path[0], mine, packed=True)
             view, chain = SparseView.of(tables), tables.chain
             for v in path[1:]:
                 delta = sparse_artifacts.read_delta(self.root, v, mine)
@@ -215,7 +215,7 @@ class ShardModel:
                 view, chain = merge_now(view, delta.parts, v), delta.chain
             return Held(version, chain, total, names, local, view)
         if m.kind == "full":
-            tables = sparse_artifacts.load_tables(self.root, version, mine)
+            tables = sparse_artifacts.load_tables(self.root, version, mine, packed=True)
             return Held(version, tables.chain, total, names, local, SparseView.of(tables))
         if total != cur.num_shards:
             raise artifacts.IntegrityError(

@@ -254,7 +254,7 @@ class ShardFile:
     sha256: str
 
 
-def _load_full(r: _HashingReader, e: dict[str, Any], name: str) -> EmbeddingTable:
+def _load_full(r: _HashingReader, e: dict[str, Any], name: str, packed: bool) -> EmbeddingTable:
     dim, segs = int(e["dim"]), int(e["segments"])
     table = EmbeddingTable(dim, dim, max_rows=int(e["max_rows"]), segments=segs)
     if table._seg_buckets != int(e["seg_buckets"]) or len(e["nb"]) != segs:
@@ -262,6 +262,12 @@ def _load_full(r: _HashingReader, e: dict[str, Any], name: str) -> EmbeddingTabl
     nb = np.asarray(e["nb"], np.int64)
     if (nb < 1).any() or (nb > table._seg_buckets).any():
         raise ExportError(f"{name}: table {e['name']!r} has bucket counts out of range")
+    if packed:  # segments end to end, all in huge pages (EmbeddingTable.packed)
+        table = EmbeddingTable(
+            dim, dim, max_rows=int(e["max_rows"]), segments=segs, huge_pages="whole",
+            stride_buckets=EmbeddingTable.packed_stride(nb),
+        )  # fmt: skip
+    table.commit_geometry(nb)  # before the slots are written: huge pages from the first write
     for s in range(segs):
         base = s * table._seg_slots
         cap = int(nb[s]) * BUCKET
@@ -292,12 +298,15 @@ def _read_delta(r: _HashingReader, e: dict[str, Any], name: str) -> DeltaTable:
     return DeltaTable(str(e["name"]), dim, int(e["rows"]), keys, rows, deleted)
 
 
-def read_shard(path: str | os.PathLike[str], sha256: str | None = None) -> ShardFile:
+def read_shard(
+    path: str | os.PathLike[str], sha256: str | None = None, packed: bool = False
+) -> ShardFile:
     """Read (and with ``sha256``, verify) one shard file. A full file becomes one table per
-    name; a delta file its parts. Any mismatch raises :class:`ExportError` naming the file;
+    name (``packed``: laid out as :meth:`EmbeddingTable.packed`, for tables that will not
+    grow); a delta file its parts. Any mismatch raises :class:`ExportError` naming the file;
     a file whose checksum differs is reported as such even when its damage breaks the parse."""
     try:
-        return _read_shard(path, sha256)
+        return _read_shard(path, sha256, packed)
     except ExportError:
         if sha256 is not None:
             _check_digest(str(path), _file_digest(path), sha256)
@@ -320,7 +329,7 @@ def _check_digest(name: str, digest: str, sha256: str) -> None:
         )
 
 
-def _read_shard(path: str | os.PathLike[str], sha256: str | None) -> ShardFile:
+def _read_shard(path: str | os.PathLike[str], sha256: str | None, packed: bool) -> ShardFile:
     name = str(path)
     with open(path, "rb", buffering=0) as f:
         r = _HashingReader(f, name)
@@ -340,7 +349,7 @@ def _read_shard(path: str | os.PathLike[str], sha256: str | None) -> ShardFile:
         try:
             for e in entries:
                 if kind == "full":
-                    full[str(e["name"])] = _load_full(r, e, name)
+                    full[str(e["name"])] = _load_full(r, e, name, packed)
                 else:
                     delta[str(e["name"])] = _read_delta(r, e, name)
         except (KeyError, TypeError, ValueError) as exc:

@@ -17,6 +17,10 @@ Design (measured in ``benchmarks/sparse_bench.py``, explained in ``docs/sparse.m
   A segment grows by 6.25 % (rehashing only itself: a transient of ~1/segments of the table) and
   the segments' size ladders are staggered by ``g**(s/segments)`` so they never grow in lockstep;
   the table's overall load stays near 0.90 at every moment instead of sawing between 0.48 and 0.96.
+* **Transparent huge pages** (``huge_pages=``): each segment's committed range is advised
+  ``MADV_HUGEPAGE`` (by default only the 2 MiB pages wholly inside it: no byte more held), so
+  a random probe of a multi-GB table mostly hits the TLB; :meth:`EmbeddingTable.packed` lays a
+  table that will not grow (a served version) end to end, every slot in a huge page.
 * **Row indices are slot numbers**: valid until the next mutating call (insert, delete, expire,
   load), because cuckoo displacement and segment rehashing move rows. Gather, update and write
   back within one call sequence; look keys up again after any insert.
@@ -33,7 +37,7 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, cast
 
 import numpy as np
@@ -44,7 +48,13 @@ from coadapt.sparse._hashing import as_u64_keys, mix64, unmix64
 from coadapt.sparse._probe import probe_keys, probe_stored
 from coadapt.sparse._probe import take_found as _take_found
 
-__all__ = ["CountMinSketch", "EmbeddingTable", "TableFullError"]
+__all__ = [
+    "HUGE_PAGE_MODES",
+    "CountMinSketch",
+    "EmbeddingTable",
+    "TableFullError",
+    "huge_page_bytes",
+]
 
 BUCKET = 8
 """Slots per cuckoo bucket: one 64-byte cache line of keys."""
@@ -88,6 +98,63 @@ def _reserve(nbytes: int) -> mmap.mmap:
             f"could not reserve {size} bytes of address space for an embedding table ({exc}); "
             "construct the table with a smaller max_rows"
         ) from exc
+
+
+def _huge_page_size() -> int:
+    """The PMD huge-page size transparent huge pages use (2 MiB on x86-64 and 4K-page ARM)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+_HUGE = _huge_page_size()
+_MADV_HUGEPAGE: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+HUGE_PAGE_MODES = ("off", "inside", "whole")
+"""``EmbeddingTable(huge_pages=...)``: none; the huge pages wholly inside each segment's
+committed range (no byte of slack); that range rounded out to huge pages (up to two huge
+pages of slack per segment and slot array, for every slot in a huge page)."""
+
+
+def _advise_huge(m: mmap.mmap, addr: int, lo: int, hi: int, whole: bool) -> bool:
+    """``madvise(MADV_HUGEPAGE)`` on bytes ``[lo, hi)`` of ``m`` (mapped at ``addr``), rounded
+    in (``whole=False``) or out to huge pages; False where the kernel refuses (no THP).
+
+    Rounded in, a huge page straddling either end of a segment's committed range is never
+    advised (it would commit up to 2 MiB of slack when first touched), so those ends stay in
+    4 KiB pages and the memory held is exactly what it is without huge pages."""
+    if _MADV_HUGEPAGE is None:
+        return False
+    start, end = addr + lo, addr + hi
+    if whole:
+        a, b = start // _HUGE * _HUGE, -(-end // _HUGE) * _HUGE
+    else:
+        a, b = -(-start // _HUGE) * _HUGE, end // _HUGE * _HUGE
+    a, b = max(a - addr, 0), min(b - addr, len(m))
+    if b <= a:
+        return True
+    try:
+        m.madvise(_MADV_HUGEPAGE, a, b - a)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def huge_page_bytes(pid: int | str = "self") -> int:
+    """Bytes of a process's memory held in transparent huge pages (``AnonHugePages`` of
+    ``/proc/PID/smaps_rollup``): the proof that a table's huge pages are really used. 0 where
+    the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _libc_malloc_trim() -> Callable[[int], int] | None:
@@ -213,6 +280,15 @@ class EmbeddingTable:
         initial_rows: pre-size for this many rows.
         segments: power of two; more segments = smaller rehash transients, more page slack.
         seed: seeds the cuckoo displacement choices.
+        huge_pages: back the committed part of every segment with transparent huge pages
+            (``madvise(MADV_HUGEPAGE)``, Linux; a no-op elsewhere or where the kernel has
+            them off): a random probe then misses the TLB far less (figures in
+            ``docs/sparse.md``). One of :data:`HUGE_PAGE_MODES`: ``"inside"`` advises only
+            the huge pages wholly inside a segment's committed range (no byte more held),
+            ``"whole"`` rounds that range out (up to two huge pages of slack per segment and
+            slot array), ``"off"`` none.
+        stride_buckets: buckets reserved per segment (default: room for ``max_rows``). A
+            table that will not grow can lay its segments end to end (:meth:`packed`).
     """
 
     def __init__(
@@ -230,7 +306,14 @@ class EmbeddingTable:
         initial_rows: int = 0,
         segments: int = 64,
         seed: int = 0,
+        huge_pages: str = "inside",
+        stride_buckets: int | None = None,
     ) -> None:
+        if huge_pages not in HUGE_PAGE_MODES:
+            raise ValueError(
+                f"huge_pages must be one of {', '.join(map(repr, HUGE_PAGE_MODES))}, "
+                f"got {huge_pages!r}"
+            )
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         width = dim if width is None else width
@@ -260,6 +343,13 @@ class EmbeddingTable:
         self._b2_bits = self._shift - 32
         self._b2_mask = np.uint64((1 << self._b2_bits) - 1)
         per_seg = math.ceil(max_rows * 1.25 / (segments * BUCKET * 0.85)) + 8
+        if stride_buckets is not None:
+            if stride_buckets < 1 or stride_buckets % _SEG_ALIGN_BUCKETS:
+                raise ValueError(
+                    f"stride_buckets must be a positive multiple of {_SEG_ALIGN_BUCKETS}, "
+                    f"got {stride_buckets}"
+                )
+            per_seg = stride_buckets
         self._seg_buckets = -(-per_seg // _SEG_ALIGN_BUCKETS) * _SEG_ALIGN_BUCKETS
         self._seg_slots = self._seg_buckets * BUCKET
         total = self._seg_slots * segments
@@ -296,13 +386,94 @@ class EmbeddingTable:
         # Bumped whenever a key may change slot (insert, move, grow, delete, expiry): a row
         # index obtained at generation g is still valid while the generation is still g.
         self.generation = 0
+        self.huge_pages = huge_pages
+        self._addrs = [ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in self._maps]
+        # where the kernel refused the advice (no THP support) it is not asked again
+        self._huge_ok = huge_pages != "off" and sys.platform.startswith("linux")
         if initial_rows > 0:
             need = np.full(segments, math.ceil(initial_rows / segments * 1.02) + 1, dtype=np.int64)
             for s in range(segments):
                 self._set_level_for(s, int(need[s]))
             self._touched = np.maximum(self._touched, self._nb)
+        self._advise(range(segments))
 
     # ------------------------------------------------------------------ layout & hashing
+    def _advise(self, segs: Iterable[int]) -> None:
+        """Huge pages for segments ``segs`` up to their committed bucket count (``_touched``):
+        called whenever that grows, *before* the new range is first written, so its pages are
+        faulted in huge (pages already faulted small stay small until ``khugepaged``)."""
+        if not self._huge_ok:
+            return
+        whole = self.huge_pages == "whole"
+        for m, addr, item in zip(self._maps, self._addrs, self._slot_arrays(), strict=True):
+            for s in segs:
+                lo = s * self._seg_slots * item
+                hi = lo + int(self._touched[s]) * BUCKET * item
+                if not _advise_huge(m, addr, lo, hi, whole):
+                    self._huge_ok = False
+                    return
+
+    def commit_geometry(self, nb: npt.ArrayLike) -> None:
+        """Make each segment's bucket count at least ``nb[s]`` before its slots are written
+        directly (a slot image read from a file: ``coadapt.sparse.export``), so the committed
+        range gets its huge pages from the first write."""
+        nb_ = np.asarray(nb, np.int64)
+        if nb_.shape != (self.segments,) or (nb_ < 1).any() or (nb_ > self._seg_buckets).any():
+            raise ValueError(
+                f"nb must be {self.segments} bucket counts in [1, {self._seg_buckets}], "
+                f"got shape {nb_.shape}"
+            )
+        self._touched = np.maximum(self._touched, nb_)
+        self._advise(range(self.segments))
+
+    @staticmethod
+    def packed_stride(nb: npt.ArrayLike) -> int:
+        """The smallest segment stride (buckets, page-aligned) that holds bucket counts ``nb``."""
+        top = int(np.max(np.asarray(nb, np.int64)))
+        return -(-top // _SEG_ALIGN_BUCKETS) * _SEG_ALIGN_BUCKETS
+
+    def packed(self, huge_pages: str = "whole") -> EmbeddingTable:
+        """A copy with its segments laid end to end (stride: the largest segment), for a table
+        that is only read and updated in place from now on (a served version's base table).
+
+        Why: a segment's range is reserved for ``max_rows`` (~1.5x its size), so huge pages
+        either stop short of each segment's ends (``"inside"``: at 25M dim-8 rows a shard's
+        key segments are 3.4 MB, 40 % of them in huge pages) or commit up to 2 MiB of slack
+        at each end. Packed, ``"whole"`` covers every slot and the slack is the gaps between
+        segments (a few % of the table). Inserting more rows than a segment's stride holds
+        raises :class:`TableFullError`. Same slots, same answers."""
+        t = EmbeddingTable(
+            self.dim, self.width, ttl=self.ttl, age_bits=self.age_bits,
+            counters=self.has_counters, admit_after=self.admit_after,
+            sketch_width=self.sketch.width if self.sketch is not None else 1 << 18,
+            sketch_depth=self.sketch.depth if self.sketch is not None else 4,
+            max_rows=self.max_rows, segments=self.segments, huge_pages=huge_pages,
+            stride_buckets=self.packed_stride(self._nb),
+        )  # fmt: skip
+        t.commit_geometry(self._nb)
+        for s in range(self.segments):
+            a, b = s * self._seg_slots, s * self._seg_slots + int(self._nb[s]) * BUCKET
+            c = s * t._seg_slots
+            pairs: list[tuple[np.ndarray, np.ndarray]] = [
+                (t._keys, self._keys),
+                (t._rows, self._rows),
+            ]
+            if t._age is not None and self._age is not None:
+                pairs.append((t._age, self._age))
+            if t._cnt is not None and self._cnt is not None:
+                pairs.append((t._cnt, self._cnt))
+            for dst, src in pairs:
+                dst[c : c + b - a] = src[a:b]
+        t._nb[:] = self._nb
+        t._level[:] = self._level
+        t._size[:] = self._size
+        t._quantum, t._age_threshold = self._quantum, self._age_threshold
+        if self.sketch is not None and t.sketch is not None:
+            t.sketch.table[:] = self.sketch.table
+            t.sketch.added, t.sketch.reset_after = self.sketch.added, self.sketch.reset_after
+        t.generation = self.generation + 1
+        return t
+
     def _ladder(self, s: int, level: int) -> int:
         """Bucket count of segment ``s`` at growth step ``level`` (staggered across segments)."""
         return max(1, math.ceil(GROWTH ** (level + s / self.segments)))
@@ -470,7 +641,9 @@ class EmbeddingTable:
         self._level[s] += 1
         self._nb[s] = max(int(self._nb[s]) + 1, self._ladder(s, int(self._level[s])))
         self._set_level_for(s, total)
-        self._touched[s] = max(int(self._touched[s]), int(self._nb[s]))
+        if int(self._nb[s]) > int(self._touched[s]):
+            self._touched[s] = int(self._nb[s])
+            self._advise([s])
         return items
 
     def _place(
@@ -909,8 +1082,18 @@ class EmbeddingTable:
         """Bytes held: committed pages of every slot array, the sketch and the metadata."""
         total = 0
         slots = self._touched * BUCKET
-        for itemsize in self._slot_arrays():
-            total += int((-(-(slots * itemsize) // _PAGE) * _PAGE).sum())
+        whole = self._huge_ok and self.huge_pages == "whole"
+        for addr, itemsize in zip(self._addrs, self._slot_arrays(), strict=True):
+            if not whole:
+                total += int((-(-(slots * itemsize) // _PAGE) * _PAGE).sum())
+                continue
+            # the committed ranges rounded out to huge pages, overlaps counted once
+            lo = addr + np.arange(self.segments, dtype=np.int64) * self._seg_slots * itemsize
+            a = lo // _HUGE * _HUGE
+            b = -(-(lo + slots * itemsize) // _HUGE) * _HUGE
+            end = np.maximum.accumulate(b)
+            start = np.maximum(a, np.concatenate([[a[0]], end[:-1]]))
+            total += int(np.maximum(end - start, 0).sum())
         total += self._level.nbytes + self._nb.nbytes + self._size.nbytes + self._touched.nbytes
         if self.sketch is not None:
             total += self.sketch.nbytes()

@@ -96,8 +96,12 @@ def test_full_and_incremental_versions_predict_exactly_what_the_trainer_does(
     # the delta holds only what changed: rows of 3 steps of 16 x 12 IDs, not all 400 rows
     delta = read_delta(tmp_path, v2.version)
     assert 0 < delta.parts["ctr"][0].keys.size < v2.sparse["rows"]["ctr"]
-    # applied live on the v1 state (overlay, then merged) it gives the same predictions
-    tables = load_tables(tmp_path, v1.version)
+    # applied live on the v1 state (overlay, then merged) it gives the same predictions; the
+    # tables loaded as a server loads them: packed, in huge pages (the merge grows no base)
+    tables = load_tables(tmp_path, v1.version, packed=True)
+    base = tables.shards["ctr"][0]
+    assert base.huge_pages == "whole"
+    assert base._seg_buckets == base.packed_stride(base._nb)
     pending = prepare_delta(SparseView.of(tables), delta.parts, v2.version)
     module = serving_module(v2, dense_state(tmp_path, v2.version), pending.view)
     with torch.no_grad():

@@ -272,3 +272,151 @@ def test_table_full_error_names_the_fix() -> None:
     t = EmbeddingTable(1, max_rows=100, segments=2)
     with pytest.raises(TableFullError, match="larger max_rows"):
         t.lookup_or_insert(np.arange(20_000, dtype=np.uint64))
+
+
+def _advised_ranges(lo: int, hi: int) -> list[tuple[int, int]]:
+    """Address ranges in ``[lo, hi)`` that this process has advised ``MADV_HUGEPAGE`` (the
+    ``hg`` flag of ``/proc/self/smaps``): what the kernel was asked, whatever it allocated."""
+    out: list[tuple[int, int]] = []
+    start = end = 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            a, b = head.split("-")
+            start, end = int(a, 16), int(b, 16)
+        elif line.startswith("VmFlags:") and "hg" in line.split()[1:] and start < hi and end > lo:
+            out.append((max(start, lo), min(end, hi)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def huge_page_tables() -> dict[str, EmbeddingTable]:
+    """The same inserts into a table per huge-page mode: 2 segments of ~6 MB of rows once
+    grown, so the committed ranges hold whole huge pages; each growth advises again."""
+    out = {}
+    for mode in ("off", "inside", "whole"):
+        t = EmbeddingTable(8, 32, segments=2, max_rows=200_000, huge_pages=mode, seed=3)
+        rng = np.random.default_rng(5)
+        for _ in range(5):
+            keys = rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64)
+            idx, _ = t.lookup_or_insert(keys)
+            t.write_rows(idx, rng.standard_normal((keys.size, 32)).astype(np.float32))
+        out[mode] = t
+    return out
+
+
+def test_huge_page_tables_give_identical_answers(
+    huge_page_tables: dict[str, EmbeddingTable],
+) -> None:
+    tables = huge_page_tables
+    q = np.concatenate(
+        [
+            np.concatenate([k for k, _ in tables["off"].iter_chunks()])[::7],
+            np.random.default_rng(9).integers(0, 2**64 - 1, 500, dtype=np.uint64),  # unknown
+        ]
+    )
+    ref = tables["off"]
+    ref_idx = ref.lookup(q)
+    assert (ref_idx >= 0).sum() > 10_000
+    buf0 = np.empty((q.size, 8), np.float32)
+    pos0 = np.empty(q.size, np.int64)
+    end0, miss0 = ref.take_found(q, buf0, pos0)
+    packed = ref.packed()  # segments end to end, "whole" huge pages
+    assert packed._seg_buckets < ref._seg_buckets and packed.huge_pages == "whole"
+    for mode, t in [("inside", tables["inside"]), ("whole", tables["whole"]), ("whole", packed)]:
+        assert t.huge_pages == mode
+        idx = t.lookup(q)
+        hit = idx >= 0
+        np.testing.assert_array_equal(hit, ref_idx >= 0)
+        if t is not packed:  # same seed, same slots; packed: same slot within its segment
+            np.testing.assert_array_equal(idx, ref_idx)
+        np.testing.assert_array_equal(t.rows(idx[idx >= 0]), ref.rows(ref_idx[ref_idx >= 0]))
+        buf = np.empty_like(buf0)
+        pos = np.empty_like(pos0)
+        end, miss = t.take_found(q, buf, pos)
+        assert end == end0
+        np.testing.assert_array_equal(miss, miss0)
+        np.testing.assert_array_equal(buf[:end], buf0[:end0])
+        if mode == "inside":  # no byte more held
+            assert t.memory_report() == ref.memory_report()
+        else:  # counted in whole huge pages
+            assert t.nbytes() > ref.nbytes()
+    np.testing.assert_array_equal(
+        np.concatenate([k for k, _ in packed.iter_chunks()]),
+        np.concatenate([k for k, _ in ref.iter_chunks()]),
+    )
+    # packed and in huge pages throughout: the slack is the gaps between segments only
+    assert 1.0 < packed.nbytes() / ref.nbytes() < 1.35
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps")
+def test_huge_pages_are_advised_only_inside_committed_ranges(
+    huge_page_tables: dict[str, EmbeddingTable],
+) -> None:
+    """``inside`` advises whole huge pages within each segment's committed range (no slack);
+    ``whole`` covers the committed range; ``off`` advises nothing."""
+    import mmap
+
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this platform")
+    from coadapt.sparse.table import _HUGE, BUCKET
+
+    for mode in ("off", "inside", "whole"):
+        t = huge_page_tables[mode]
+        for addr, item, m in zip(t._addrs, t._slot_arrays(), t._maps, strict=True):
+            got = _advised_ranges(addr, addr + len(m))
+            committed = [
+                (addr + s * t._seg_slots * item,
+                 addr + (s * t._seg_slots + int(t._touched[s]) * BUCKET) * item)
+                for s in range(t.segments)
+            ]  # fmt: skip
+            if mode == "off":
+                assert got == []
+                continue
+            if item == 4 * t.width:  # the row arena: ~6 MB a segment, huge pages inside
+                assert got, mode
+            for a, b in got:  # each advised range within one segment's (rounded) range
+                if mode == "inside":
+                    assert a % _HUGE == 0 and b % _HUGE == 0, (hex(a), hex(b))
+                    assert any(lo <= a and b <= hi for lo, hi in committed), (hex(a), hex(b))
+                else:
+                    assert any(
+                        lo // _HUGE * _HUGE <= a and b <= -(-hi // _HUGE) * _HUGE
+                        for lo, hi in committed
+                    ), (hex(a), hex(b))
+            for lo, hi in committed:
+                inner = (-(-lo // _HUGE) * _HUGE, hi // _HUGE * _HUGE)
+                if inner[1] > inner[0] or mode == "whole":
+                    want = inner if mode == "inside" else (lo, hi)
+                    covered = sum(min(b, want[1]) - max(a, want[0]) for a, b in got
+                                  if a < want[1] and b > want[0])  # fmt: skip
+                    assert covered == want[1] - want[0], (mode, item, hex(lo), hex(hi))
+
+
+def test_huge_pages_option_is_checked() -> None:
+    for bad in (True, "on", None, 1):
+        with pytest.raises(ValueError, match="huge_pages must be one of 'off', 'inside', 'whole'"):
+            EmbeddingTable(4, huge_pages=bad)  # type: ignore[arg-type]
+
+
+def test_commit_geometry_checks_the_bucket_counts() -> None:
+    t = EmbeddingTable(4, segments=4, max_rows=10_000)
+    with pytest.raises(ValueError, match="nb must be 4 bucket counts"):
+        t.commit_geometry([1, 2, 3])
+    with pytest.raises(ValueError, match="nb must be 4 bucket counts"):
+        t.commit_geometry([1, 0, 1, 1])
+    t.commit_geometry([5, 5, 5, 5])
+    assert t._touched.tolist() == [5, 5, 5, 5]
+
+
+def test_a_packed_table_refuses_to_outgrow_its_stride() -> None:
+    t = EmbeddingTable(2, segments=2, max_rows=100_000)
+    t.assign(np.arange(5000, dtype=np.uint64), np.ones((5000, 2), np.float32))
+    p = t.packed(huge_pages="off")
+    np.testing.assert_array_equal(p.rows(p.lookup(np.arange(5000))), np.ones((5000, 2)))
+    p.write_rows(p.lookup([7]), np.full((1, 2), 3.0, np.float32))  # in place: fine
+    assert p.rows(p.lookup([7])).tolist() == [[3.0, 3.0]]
+    with pytest.raises(TableFullError, match="larger max_rows"):
+        p.assign(np.arange(5000, 60_000, dtype=np.uint64), np.ones((55_000, 2), np.float32))
+    with pytest.raises(ValueError, match="stride_buckets must be a positive multiple of 512"):
+        EmbeddingTable(2, stride_buckets=100)
