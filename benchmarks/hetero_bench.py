@@ -9,6 +9,8 @@ and without GPU sharing. Writes one row per workload x cluster x policy (x packi
 
     python benchmarks/hetero_bench.py --json benchmarks/data/hetero_results.json
     python benchmarks/hetero_bench.py --workloads 1 2 --policies gavel tiresias --json out.json
+    python benchmarks/hetero_bench.py --clusters homogeneous --policies pollux --no-packing \
+        --workloads 1 2 --pollux-options '{"remaining_power": 1.0, "settle": 2}'  # lever screen
 
 JCT, makespan, restarts and utilisation are deterministic (simulated time); ``round_ms_p50``
 is the policy's wall time per round and depends on the machine's load.
@@ -79,15 +81,17 @@ class Timed:
         return decision
 
 
-Task = tuple[str, str, str, bool, int]  # workload, cluster, policy, packing, seed
+# workload, cluster, policy, packing, seed, options of the pollux policy (JSON; "" = none)
+Task = tuple[str, str, str, bool, int, str]
 
 
 def run_one(task: Task) -> dict[str, Any]:
-    workload_name, cluster, policy, packing, seed = task
+    workload_name, cluster, policy, packing, seed, options = task
     workload = (
         packing_workload(seed=seed) if workload_name == "packing" else load_workload(workload_name)
     )
-    timed = Timed(make_policy(policy))
+    kwargs = json.loads(options) if options and policy == "pollux" else {}
+    timed = Timed(make_policy(policy, **kwargs))
     row: dict[str, Any] = {
         "workload": workload_name,
         "cluster": cluster,
@@ -120,15 +124,20 @@ def run_one(task: Task) -> dict[str, Any]:
 
 
 def tasks(
-    policies: list[str], workloads: list[int], clusters: list[str], packing: bool, seed: int
+    policies: list[str],
+    workloads: list[int],
+    clusters: list[str],
+    packing: bool,
+    seed: int,
+    options: str = "",
 ) -> list[Task]:
     out: list[Task] = []
     for w in workloads:
         for cluster in clusters:
-            out += [(f"pollux-{w}", cluster, p, True, seed) for p in policies]
+            out += [(f"pollux-{w}", cluster, p, True, seed, options) for p in policies]
     if packing:
         for p in (p for p in PACKING_POLICIES if p in policies):
-            out += [("packing", PACKING_CLUSTER, p, flag, seed) for flag in (False, True)]
+            out += [("packing", PACKING_CLUSTER, p, flag, seed, options) for flag in (False, True)]
     return out
 
 
@@ -190,6 +199,12 @@ def main() -> int:
     parser.add_argument("--no-packing", action="store_true", help="skip the packing workload")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pollux-options",
+        default="",
+        metavar="JSON",
+        help="screen levers: keyword options of the pollux policy, e.g. '{\"remaining_power\": 1}'",
+    )
     parser.add_argument("--json", type=Path, metavar="OUT")
     parser.add_argument(
         "--merge",
@@ -204,7 +219,19 @@ def main() -> int:
         console.print(f"note: policy {p!r} is not registered here; its rows are skipped")
     named = {"homogeneous": HOMOGENEOUS, "heterogeneous": HETEROGENEOUS}
     clusters = [named[c] for c in args.clusters]
-    todo = tasks(policies, args.workloads, clusters, not args.no_packing, args.seed)
+    if args.pollux_options:
+        try:
+            opts = json.loads(args.pollux_options)
+            make_policy("pollux", **opts)
+        except (ValueError, TypeError) as exc:
+            parser.error(
+                f"--pollux-options: {exc}; accepted: a JSON object of PolluxPolicy options"
+            )
+        if not isinstance(opts, dict):
+            parser.error("--pollux-options: accepted: a JSON object of PolluxPolicy options")
+    todo = tasks(
+        policies, args.workloads, clusters, not args.no_packing, args.seed, args.pollux_options
+    )
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with (

@@ -315,6 +315,8 @@ class ProgressRecord(_Record):
     lr_scale: float | None = None
     pgns: float | None = None
     loss: float | None = None
+    # Fraction of the declared epochs done, in [0, 1] (None: the script declared none).
+    fraction: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -549,6 +549,7 @@ def ingest_record(store: Store, job_id: str, obj: dict[str, Any], now: float) ->
             "lr_scale": record.lr_scale,
             "pgns": record.pgns,
             "loss": record.loss,
+            "fraction": record.fraction,
         }
         _patch_batch(patch, obj, record)
     elif isinstance(record, BatchRecord):

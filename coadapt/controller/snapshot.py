@@ -143,6 +143,16 @@ def _step_time(model: GoodputModel | None, limits: BatchLimits) -> Callable[[int
     return step_time
 
 
+def reported_progress(job: Job) -> float | None:
+    """Fraction of its declared epochs the job reported done (the training library's
+    ``loader.epochs(n)``), or None: nothing declared, nothing reported yet, or a bad value."""
+    report = (job.report or {}).get("progress") or {}
+    value = report.get("fraction") if isinstance(report, dict) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def job_facts(job: Job) -> JobFacts:
     """What the database knows about ``job``, in the snapshot builder's neutral terms."""
     spec = job.job_spec
@@ -168,6 +178,7 @@ def job_facts(job: Job) -> JobFacts:
         gpu_types=tuple(spec.gpu_types) if spec.gpu_types else None,
         goodput_by_type=goodput_by_type(job, model),
         packing_key=spec.packing_key,
+        progress=reported_progress(job),
     )
 
 

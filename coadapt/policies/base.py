@@ -97,6 +97,11 @@ class JobInfo:
     # GPU sharing: the job's class for co-location figures (e.g. its model's name); None = the
     # job is never packed with another.
     packing_key: str | None = None
+    # Fraction of the job's declared work done, in [0, 1]: epochs done (with the position in
+    # the current one) over the epochs the user declared. Live from the training library's
+    # reports, in the simulator from its job model; None = not declared or not yet reported
+    # (policies must then treat the job's length as unknown).
+    progress: float | None = None
 
     def allows(self, gpu_type: str) -> bool:
         """Whether the job may run on GPUs of ``gpu_type``."""

@@ -43,6 +43,29 @@ from coadapt.policies.greedy import by_priority, requested_gpus
 DEFAULT_ROUND_S = 360.0
 #: Weight of total normalised throughput against the minimum in the LP objective.
 TIE_BREAK = 1e-3
+#: Significant digits the throughputs are rounded to before the LP (see :func:`quantize`).
+THROUGHPUT_DIGITS = 4
+
+
+def quantize(values: np.ndarray, digits: int = THROUGHPUT_DIGITS) -> np.ndarray:
+    """``values`` rounded to ``digits`` significant digits (zeros stay zero).
+
+    Why: the max-min LP is degenerate (jobs alike in throughput tie), so HiGHS' vertex, and
+    with it the whole schedule, flipped on last-bit noise in the fitted throughputs. That noise
+    (about 1e-12 relative) comes from the BLAS kernels OpenBLAS picks for the CPU at hand, so
+    the same code gave averages up to 2.8% apart on different machines. Rounded inputs make the
+    LP, hence the run, the same everywhere unless noise straddles a rounding boundary
+    (~1e-8 per value at 4 digits).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    out = np.zeros_like(x)
+    nz = np.isfinite(x) & (x != 0)
+    if np.any(nz):
+        exp = np.floor(np.log10(np.abs(x[nz])))
+        unit = 10.0 ** (exp - (digits - 1))
+        out[nz] = np.round(x[nz] / unit) * unit
+    out[~np.isfinite(x)] = x[~np.isfinite(x)]
+    return out
 
 
 def type_throughput(job: JobInfo, gpu_type: str, gpus: int, gpus_per_node: int) -> float | None:
@@ -61,7 +84,7 @@ def throughput_matrix(
 ) -> np.ndarray:
     """``tput[j, t]`` over ``names`` x ``snapshot.gpu_types``; 0 where the job may not run
     (type not allowed, or more GPUs than the type has). Unknown values become the job's
-    smallest known one, or 1 on every type if none is known."""
+    smallest known one, or 1 on every type if none is known. Rounded by :func:`quantize`."""
     types = snapshot.gpu_types
     per_node = {t: max(n.gpus for n in snapshot.nodes if n.gpu_type == t) for t in types}
     cap = capacities(snapshot)
@@ -75,7 +98,7 @@ def throughput_matrix(
             if job.allows(t) and want[name] <= cap[i]:
                 value = row[i]
                 out[j, i] = fill if value is None else value
-    return out
+    return quantize(out)
 
 
 def capacities(snapshot: ClusterSnapshot) -> np.ndarray:

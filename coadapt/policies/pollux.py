@@ -41,8 +41,17 @@ from coadapt.policies.pollux_problem import IntArray, Levers, PolluxProblem
 from coadapt.policies.pollux_types import TypedPollux
 
 _TOL = 1e-12
-#: The default ``pollux``'s levers (see :class:`Levers`; chosen on the artifact workloads).
-DEFAULT_LEVERS: dict[str, Any] = {"explore": 4.0, "first": 4, "hold": 0.15}
+#: The default ``pollux``'s levers (see :class:`Levers`, plus the fairness power ``p``; chosen
+#: on the artifact workloads, ``docs/hetero.md``). ``remaining_power``/``settle`` read
+#: ``JobInfo.progress`` and change nothing for jobs that declare no length.
+DEFAULT_LEVERS: dict[str, Any] = {
+    "explore": 4.0,
+    "first": 4,
+    "hold": 0.15,
+    "p": -0.5,
+    "remaining_power": 0.5,
+    "settle": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -658,12 +667,25 @@ class PolluxUnawarePolicy:
         explore: float = 2.0,
         first: int = 1,
         hold: float = 0.0,
+        remaining_scale: float = 36000.0,
+        remaining_power: float = 0.0,
+        settle: float = 0.0,
     ) -> None:
         if admission not in ("fitness", "las"):
             raise ValueError(f"admission must be 'fitness' or 'las', got {admission!r}")
         if fair_reference not in ("packed", "spread"):
             raise ValueError(f"fair_reference must be 'packed' or 'spread', got {fair_reference!r}")
-        self.levers = Levers(payback, service_scale, service_power, explore, first, hold)
+        self.levers = Levers(
+            payback,
+            service_scale,
+            service_power,
+            explore,
+            first,
+            hold,
+            remaining_scale,
+            remaining_power,
+            settle,
+        )
         self.fair_reference = fair_reference
         self.exhaustive_limit = exhaustive_limit
         self.admission = admission

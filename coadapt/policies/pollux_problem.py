@@ -65,6 +65,15 @@ def combine_weights(a: FloatArray | None, b: FloatArray | None) -> FloatArray | 
     return a if b is None else a * b
 
 
+def remaining_work(job: JobInfo, unknown: float) -> float:
+    """GPU-seconds the job still needs, extrapolated from the service it received for the
+    fraction of its declared work it did (``unknown`` when it declared none or did none yet)."""
+    f = job.progress
+    if f is None or f <= 0.0 or job.attained_service <= 0.0:
+        return unknown
+    return max(job.attained_service, 0.0) * (1.0 - min(f, 1.0)) / f
+
+
 @dataclass(frozen=True)
 class Levers:
     """Departures from the paper's objective that the default ``pollux`` uses (all off here,
@@ -79,6 +88,12 @@ class Levers:
     held (2 in the paper); ``first``: GPUs a job that never ran may start on (1 in the paper).
     ``hold``: a running job's changed allocation is discounted by this fraction (hysteresis
     that, unlike ``switch_margin``, leaves the admission of waiting jobs alone).
+    ``remaining_scale``/``remaining_power``: weight each job by ``(1 + remaining GPU-s / scale)
+    ** -power``, the remaining work extrapolated from ``JobInfo.progress`` (:func:`remaining_work`;
+    unknown counts as one ``scale``), an SRPT flavour from what jobs declare, no oracle.
+    ``settle``: a running job's changed allocation is also multiplied by
+    ``max(1 - settle × δ / H, 0)``, H its remaining work over the GPUs it holds, so a restart
+    must pay back within the job's own remaining time (jobs of unknown length: no change).
     """
 
     payback: float = 0.0
@@ -87,12 +102,24 @@ class Levers:
     explore: float = 2.0
     first: int = 1
     hold: float = 0.0
+    remaining_scale: float = 36000.0
+    remaining_power: float = 0.0
+    settle: float = 0.0
 
     def service_weights(self, jobs: list[JobInfo]) -> FloatArray | None:
         if self.service_power == 0 or not jobs:
             return None
         served = np.array([max(j.attained_service, 0.0) for j in jobs], dtype=np.float64)
         return np.asarray((1.0 + served / self.service_scale) ** -self.service_power)
+
+    def remaining_weights(self, jobs: list[JobInfo]) -> FloatArray | None:
+        if self.remaining_power == 0 or not jobs:
+            return None
+        left = np.array([remaining_work(j, self.remaining_scale) for j in jobs])
+        return np.asarray((1.0 + left / self.remaining_scale) ** -self.remaining_power)
+
+    def weights(self, jobs: list[JobInfo]) -> FloatArray | None:
+        return combine_weights(self.service_weights(jobs), self.remaining_weights(jobs))
 
     def cap(self, max_gpus_held: int, max_replicas: int) -> int:
         if max_gpus_held <= 0:
@@ -133,7 +160,7 @@ class PolluxProblem:
         self.names = [job.name for job in self.jobs]
         self.weights = combine_weights(
             priority_weights([job.priority for job in self.jobs]),
-            self.levers.service_weights(self.jobs),
+            self.levers.weights(self.jobs),
         )
         self.node_caps: IntArray = np.array([n.gpus for n in snapshot.nodes], dtype=np.int64)
         self.num_jobs = len(self.jobs)
@@ -186,9 +213,28 @@ class PolluxProblem:
             self.realloc_factor = np.where(
                 idle, self.realloc_factor, self.realloc_factor * (1.0 - self.levers.hold)
             )
+        if self.levers.settle > 0:
+            self.realloc_factor = self.realloc_factor * self._settle_factors(idle)
         self.scale: FloatArray = np.ones(self.num_jobs, dtype=np.float64)
         self.payback_penalty: FloatArray = np.zeros(self.num_jobs, dtype=np.float64)
         self._set_payback()
+
+    def _settle_factors(self, idle: NDArray[np.bool_]) -> FloatArray:
+        """A running job's move pays ``settle × δ`` out of the time it has left at its current
+        GPUs (remaining work over GPUs held): ``max(1 − settle δ / H, 0)``, so a job near its
+        end is not restarted for a gain it cannot recoup. Unknown length: 1 (no change)."""
+        out = np.ones(self.num_jobs, dtype=np.float64)
+        delta = self.snapshot.restart_delay
+        held = self.base.sum(axis=1)
+        for j, job in enumerate(self.jobs):
+            if idle[j] or job.progress is None or job.progress <= 0 or held[j] <= 0:
+                continue
+            horizon = remaining_work(job, math.inf) / float(held[j])
+            if horizon <= 0:
+                out[j] = 0.0
+            elif math.isfinite(horizon):
+                out[j] = max(1.0 - self.levers.settle * delta / horizon, 0.0)
+        return out
 
     def set_scale(self, scale: FloatArray) -> None:
         """Multiply each job's speedups by ``scale`` (a type's sub-problem: the job's goodput

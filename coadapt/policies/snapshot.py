@@ -10,6 +10,7 @@ controller.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ class JobFacts:
     gpu_types: tuple[str, ...] | None = None
     goodput_by_type: Mapping[str, GoodputModel] | None = None
     packing_key: str | None = None  # GPU sharing: the job's class in the co-location table
+    progress: float | None = None  # fraction of declared work done (None: unknown)
 
 
 def allocation_tuple(per_node: Mapping[str, int], nodes: Sequence[NodeInfo]) -> Allocation:
@@ -96,7 +98,16 @@ def job_info(facts: JobFacts, total_gpus: int, now: float) -> JobInfo:
         gpu_types=facts.gpu_types,
         goodput_by_type=facts.goodput_by_type,
         packing_key=facts.packing_key,
+        progress=clamp_progress(facts.progress),
     )
+
+
+def clamp_progress(progress: float | None) -> float | None:
+    """A reported fraction of work done as the policy sees it: within [0, 1], None when
+    unknown (None, NaN or infinite: a broken report must not steer the policy)."""
+    if progress is None or not math.isfinite(progress):
+        return None
+    return min(max(float(progress), 0.0), 1.0)
 
 
 def build_snapshot(

@@ -360,6 +360,18 @@ class _Job:
         # GPUs are held (and counted) from ``start`` through restart delays until ``now``.
         self.attained = accrued_service(self.attained, replicas, start, now)
 
+    def fraction_done(self) -> float:
+        """Epochs done over the epochs the job runs (``max_epochs``), the current epoch counted
+        by its statistical progress: what a training script reports live (its epoch counter
+        and position) against the epochs its user declared."""
+        app = self.app
+        total = app.completion_epoch + 1
+        if self.completion_time is not None or self.epoch >= total:
+            return 1.0
+        lo, hi = app.progress_at(self.epoch), app.progress_at(self.epoch + 1)
+        within = (self.progress - lo) / (hi - lo) if hi > lo else 0.0
+        return min(max((self.epoch + within) / total, 0.0), 1.0)
+
     def remaining_iterations(self) -> float:
         """Optimizer iterations left at the submitted batch (Optimus' oracle)."""
         batch = self.spec.batch_size
@@ -525,6 +537,7 @@ class Simulator:
                 job.remaining_iterations() if mode is BatchMode.FIXED_BATCH else None
             ),
             allocation=allocation_dict(alloc, self.nodes) if alloc else {},
+            progress=job.fraction_done(),
         )
 
     def _models_by_type(self, job: _Job) -> dict[str, GoodputModel] | None:

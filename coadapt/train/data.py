@@ -109,6 +109,7 @@ class AdaptiveDataLoader:
         self.rank = self.ctx.rank
         self.epoch = 0
         self.position = 0  # samples of this epoch consumed by completed optimizer steps
+        self.num_epochs: int | None = None  # declared by epochs(n); None until then
         self.local_bsz, self.accum_steps = split_batch(
             pinned_batch_size or batch_size, self.replicas, max_local_bsz
         )
@@ -208,12 +209,25 @@ class AdaptiveDataLoader:
         self.position = 0
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
-        """Epoch numbers from the restored one up to ``num_epochs`` (resumes mid-epoch)."""
+        """Epoch numbers from the restored one up to ``num_epochs`` (resumes mid-epoch).
+
+        ``num_epochs`` is also the job's declared length: :attr:`fraction_done` reports
+        progress against it, which the scheduler uses to favour jobs near their end."""
+        self.num_epochs = int(num_epochs)
         while self.epoch < num_epochs:
             epoch = self.epoch
             yield epoch
             if self.epoch == epoch:  # the body left the epoch early: move on
                 self.epoch, self.position, self._pending = epoch + 1, 0, 0
+
+    @property
+    def fraction_done(self) -> float | None:
+        """Epochs done (the current one by samples consumed) over the epochs declared in
+        :meth:`epochs`; None when none were declared."""
+        if not self.num_epochs or self.num_epochs <= 0:
+            return None
+        within = min(self.position / self.size, 1.0) if self.size > 0 else 0.0
+        return min(max((self.epoch + within) / self.num_epochs, 0.0), 1.0)
 
     # -- checkpoint -----------------------------------------------------------------------
     _saved_replicas = 1

@@ -716,6 +716,7 @@ class AdaptiveModel:
                 lr_scale=self.lr_scale,
                 pgns=self.pgns,
                 loss=self.last_loss,
+                fraction=self.loader.fraction_done,
             )
         )
 
