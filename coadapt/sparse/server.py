@@ -63,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coadapt.atomicfile import atomic_writer
+from coadapt.sparse._gather import gather_embeddings
 from coadapt.sparse._hashing import as_u64_keys, mix64
 from coadapt.sparse._optim_kernels import fused_apply
 from coadapt.sparse.changes import ChangeLog
@@ -281,9 +282,11 @@ class ShardState:
         self.pulled_rows += ids.size
         if out is None:
             out = np.empty((ids.size, dim), np.float32)
-        scratch = None if memo is None else memo.floats("gather", (ids.size, table.width))
         if memo is not None:
             memo.remember(t, table, ids, idx)
+        if idx.size and idx.min() >= 0 and gather_embeddings(table._rows, idx, out):
+            return out  # compiled: the embedding columns straight out of the arena
+        scratch = None if memo is None else memo.floats("gather", (ids.size, table.width))
         if idx.size and idx.min() >= 0:
             return table.weights(idx, out, scratch)
         ok = idx >= 0
