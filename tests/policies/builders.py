@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
 from coadapt.policies import Allocation, ClusterSnapshot, JobInfo, NodeInfo
+
+
+def toy_model(slow: float = 1.0) -> GoodputModel:
+    """A fixed goodput model; ``slow`` scales its compute time (a slower GPU type)."""
+    perf = PerfParams(0.05 * slow, 5e-4 * slow, 0.02, 0.001, 0.2, 0.01, 2.0)
+    return GoodputModel(perf, GradParams(1.0, 20.0), 64)
+
+
+def toy_job(name: str, **kw: object) -> JobInfo:
+    """A 4-GPU-capable job on :func:`toy_model` that has run before; ``kw`` overrides fields."""
+    base = JobInfo(
+        name=name,
+        submit_time=0.0,
+        max_gpus_held=4,
+        goodput=toy_model(),
+        limits=BatchLimits(64, 4096, 8, 256),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
 
 
 def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:

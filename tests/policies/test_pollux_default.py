@@ -7,30 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
-from coadapt.policies import ClusterSnapshot, JobInfo, NodeInfo, make_policy
+from coadapt.policies import ClusterSnapshot, NodeInfo, make_policy
 from coadapt.policies.exact import exact_optimum
 from coadapt.policies.pollux import DEFAULT_LEVERS, PolluxPolicy, PolluxUnawarePolicy
 from coadapt.policies.pollux_problem import PolluxProblem
-from tests.policies.builders import random_hetero_snapshot, random_snapshot
+from tests.policies.builders import random_hetero_snapshot, random_snapshot, toy_job, toy_model
 
 RNG = np.random.default_rng(0)
-
-
-def _model(slow: float = 1.0) -> GoodputModel:
-    perf = PerfParams(0.05 * slow, 5e-4 * slow, 0.02, 0.001, 0.2, 0.01, 2.0)
-    return GoodputModel(perf, GradParams(1.0, 20.0), 64)
-
-
-def _job(name: str, **kw: object) -> JobInfo:
-    base = JobInfo(
-        name=name,
-        submit_time=0.0,
-        max_gpus_held=4,
-        goodput=_model(),
-        limits=BatchLimits(64, 4096, 8, 256),
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
 
 
 def _gpus_by_type(snap: ClusterSnapshot, alloc: tuple[int, ...]) -> dict[str, int]:
@@ -77,10 +60,10 @@ def test_homogeneous_is_the_plain_optimiser_whatever_the_type_name() -> None:
 
 def test_jobs_go_where_they_are_fast_and_types_are_respected() -> None:
     nodes = (NodeInfo("v-0", 4, "v100"), NodeInfo("k-0", 4, "k80"))
-    fast_on_v100 = {"v100": _model(1.0), "k80": _model(6.0)}
+    fast_on_v100 = {"v100": toy_model(1.0), "k80": toy_model(6.0)}
     jobs = {
-        "picky": _job("picky", gpu_types=("k80",), goodput_by_type=fast_on_v100),
-        "fast": _job("fast", goodput_by_type=fast_on_v100),
+        "picky": toy_job("picky", gpu_types=("k80",), goodput_by_type=fast_on_v100),
+        "fast": toy_job("fast", goodput_by_type=fast_on_v100),
     }
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
     allocs = PolluxPolicy().optimize(snap, {}, RNG).allocations
@@ -112,7 +95,7 @@ def test_restart_payback_keeps_a_job_whose_gain_does_not_pay() -> None:
     nodes = (NodeInfo("a", 4),)
     held = {"j": (2,)}
     young = ClusterSnapshot(
-        now=400.0, nodes=nodes, jobs={"j": _job("j", submit_time=0.0)}, current=held
+        now=400.0, nodes=nodes, jobs={"j": toy_job("j", submit_time=0.0)}, current=held
     )
     old = replace(young, now=100_000.0)
     assert sum(PolluxUnawarePolicy().optimize(young, {}, RNG).allocations["j"]) == 4
@@ -122,7 +105,7 @@ def test_restart_payback_keeps_a_job_whose_gain_does_not_pay() -> None:
 
 def test_first_allocation_and_growth_follow_the_levers() -> None:
     nodes = (NodeInfo("a", 4), NodeInfo("b", 4))
-    new = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": _job("j", max_gpus_held=0)})
+    new = ClusterSnapshot(now=3600.0, nodes=nodes, jobs={"j": toy_job("j", max_gpus_held=0)})
     assert sum(PolluxUnawarePolicy().optimize(new, {}, RNG).allocations["j"]) == 1
     first = int(DEFAULT_LEVERS["first"])
     assert sum(PolluxPolicy().optimize(new, {}, RNG).allocations["j"]) == first
@@ -135,8 +118,8 @@ def _packing_snapshot(pair: bool, free_gpu: bool = False) -> ClusterSnapshot:
     nodes = (NodeInfo("a", 2 if free_gpu else 1, "t4"),)
     small = {"max_replicas": 1, "max_gpus_held": 1}
     jobs = {
-        "host": _job("host", packing_key="cifar", **small),
-        "guest": _job("guest", packing_key="ncf", submit_time=100.0, **small),
+        "host": toy_job("host", packing_key="cifar", **small),
+        "guest": toy_job("guest", packing_key="ncf", submit_time=100.0, **small),
     }
     coloc = {("cifar", "ncf"): (0.9, 0.8)} if pair else {}
     return ClusterSnapshot(
@@ -169,8 +152,8 @@ def test_packing_needs_a_gain_and_keeps_a_packed_guest_in_place() -> None:
 def test_packing_only_with_one_gpu_hosts() -> None:
     nodes = (NodeInfo("a", 2, "t4"),)
     jobs = {
-        "host": _job("host", packing_key="cifar"),
-        "guest": _job("guest", packing_key="ncf", max_replicas=1, submit_time=100.0),
+        "host": toy_job("host", packing_key="cifar"),
+        "guest": toy_job("guest", packing_key="ncf", max_replicas=1, submit_time=100.0),
     }
     snap = ClusterSnapshot(
         now=3600.0,
@@ -228,7 +211,7 @@ def test_every_job_runs_when_there_is_a_gpu_for_each() -> None:
 def test_exact_optimum_of_a_hand_checked_case() -> None:
     """Two identical new jobs, one node of 2 GPUs, p = -1: one GPU each beats two for one."""
     nodes = (NodeInfo("a", 2),)
-    jobs = {n: _job(n, max_gpus_held=0, goodput=None) for n in ("x", "y")}
+    jobs = {n: toy_job(n, max_gpus_held=0, goodput=None) for n in ("x", "y")}
     snap = ClusterSnapshot(now=3600.0, nodes=nodes, jobs=jobs)
     allocs, fitness = exact_optimum(snap, PolluxUnawarePolicy())
     assert allocs == {"x": (1,), "y": (1,)}

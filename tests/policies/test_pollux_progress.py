@@ -9,30 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from coadapt.goodput import BatchLimits, GoodputModel, GradParams, PerfParams
-from coadapt.policies import ClusterSnapshot, JobInfo, NodeInfo, validate_allocations
+from coadapt.policies import ClusterSnapshot, NodeInfo, validate_allocations
 from coadapt.policies.pollux import PolluxPolicy
 from coadapt.policies.pollux_problem import Levers, PolluxProblem, remaining_work
 from coadapt.policies.snapshot import JobFacts, build_snapshot, clamp_progress
-from tests.policies.builders import random_hetero_snapshot, random_snapshot
+from tests.policies.builders import random_hetero_snapshot, random_snapshot, toy_job
 
 RNG = np.random.default_rng(0)
-
-
-def _model() -> GoodputModel:
-    perf = PerfParams(0.05, 5e-4, 0.02, 0.001, 0.2, 0.01, 2.0)
-    return GoodputModel(perf, GradParams(1.0, 20.0), 64)
-
-
-def _job(name: str, **kw: object) -> JobInfo:
-    base = JobInfo(
-        name=name,
-        submit_time=0.0,
-        max_gpus_held=4,
-        goodput=_model(),
-        limits=BatchLimits(64, 4096, 8, 256),
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
 
 
 def _with_progress(snap: ClusterSnapshot, seed: int) -> ClusterSnapshot:
@@ -45,7 +28,7 @@ def _with_progress(snap: ClusterSnapshot, seed: int) -> ClusterSnapshot:
 
 
 def test_remaining_work_extrapolates_service_and_treats_unknown_as_unknown() -> None:
-    job = _job("a", attained_service=3600.0, progress=0.25)
+    job = toy_job("a", attained_service=3600.0, progress=0.25)
     assert remaining_work(job, 99.0) == pytest.approx(3 * 3600.0)
     assert remaining_work(replace(job, progress=1.0), 99.0) == 0.0
     for unknown in (replace(job, progress=None), replace(job, progress=0.0)):
@@ -58,8 +41,8 @@ def test_job_near_its_end_gets_the_gpus_when_they_are_scarce() -> None:
     nodes = (NodeInfo("n0", 4),)
     jobs = {
         # ~1000 GPU-h left vs ~0.1 GPU-h: weights ~0.1 vs ~1.
-        "long": _job("long", attained_service=10 * 3600.0, progress=0.01),
-        "short": _job("short", attained_service=10 * 3600.0, progress=0.99),
+        "long": toy_job("long", attained_service=10 * 3600.0, progress=0.01),
+        "short": toy_job("short", attained_service=10 * 3600.0, progress=0.99),
     }
     snap = ClusterSnapshot(now=7200.0, nodes=nodes, jobs=jobs, current={})
     decision = PolluxPolicy().optimize(snap, {}, RNG)
@@ -108,9 +91,9 @@ def test_settle_keeps_a_job_that_cannot_recoup_a_restart() -> None:
     nodes = (NodeInfo("n0", 4), NodeInfo("n1", 4))
     jobs = {
         # 1 GPU-s left on 2 GPUs: 0.5 s of remaining time, far below δ = 30 s.
-        "ending": _job("ending", attained_service=10_000.0, progress=10_000.0 / 10_001.0),
-        "long": _job("long", attained_service=10_000.0, progress=0.01),
-        "unknown": _job("unknown", attained_service=10_000.0),
+        "ending": toy_job("ending", attained_service=10_000.0, progress=10_000.0 / 10_001.0),
+        "long": toy_job("long", attained_service=10_000.0, progress=0.01),
+        "unknown": toy_job("unknown", attained_service=10_000.0),
     }
     current = {"ending": (2, 0), "long": (0, 2), "unknown": (1, 0)}
     snap = ClusterSnapshot(now=20_000.0, nodes=nodes, jobs=jobs, current=current)
