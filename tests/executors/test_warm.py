@@ -79,7 +79,7 @@ def started(ex: LocalExecutor, h: ReplicaHandle, log: str, timeout: float = 90) 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = Path(log).read_text() if Path(log).exists() else ""
-        for line in text.splitlines():
+        for line in text.split("\n")[:-1]:  # whole lines only: the replica may be mid-write
             if line.startswith("started"):
                 return line.split()
         assert ex.poll(h).phase == ReplicaPhase.RUNNING, text
