@@ -14,6 +14,7 @@ pooled model is exactly the M/M/1 one: latency exponential with rate ``mu - load
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 __all__ = [
     "erlang_c",
@@ -68,19 +69,28 @@ def pooled_beyond(mu: float, c: int, total_rps: float, t: float) -> float:
     return min(max((1.0 - wait) * math.exp(-mu * t) + wait * both, 0.0), 1.0)
 
 
+def _bisect(
+    below: Callable[[float], bool], lo: float, hi: float, steps: int, *, geometric: bool = False
+) -> tuple[float, float]:
+    """The final bracket ``(lo, hi)`` around where the monotone ``below`` turns False:
+    ``below(lo)`` holds, ``hi`` is doubled until ``below(hi)`` fails, then ``steps`` halvings
+    (of the ratio when ``geometric``, for a root that spans decades)."""
+    while below(hi):
+        lo, hi = hi, 2.0 * hi
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi) if geometric else 0.5 * (lo + hi)
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def pooled_quantile(mu: float, c: int, total_rps: float, q: float) -> float:
     """The q-quantile latency of :func:`pooled_beyond` (inf at or past saturation)."""
     if c <= 0 or mu <= 0 or total_rps >= c * mu:
         return math.inf
-    lo, hi = 0.0, 1.0 / mu
-    while pooled_beyond(mu, c, total_rps, hi) > 1.0 - q:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if pooled_beyond(mu, c, total_rps, mid) > 1.0 - q:
-            lo = mid
-        else:
-            hi = mid
+    _, hi = _bisect(lambda t: pooled_beyond(mu, c, total_rps, t) > 1.0 - q, 0.0, 1.0 / mu, 60)
     return hi
 
 
@@ -89,13 +99,8 @@ def pooled_capacity(mu: float, c: int, slo_s: float, q: float) -> float:
     (0 when even an idle replica misses: ``mu * slo_s < ln(1/(1-q))``)."""
     if c <= 0 or pooled_beyond(mu, c, 0.0, slo_s) > 1.0 - q:
         return 0.0
-    lo, hi = 0.0, c * mu
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        if pooled_beyond(mu, c, mid, slo_s) > 1.0 - q:
-            hi = mid
-        else:
-            lo = mid
+    # c * mu saturates the pool, so the bracket needs no widening.
+    lo, _ = _bisect(lambda rps: pooled_beyond(mu, c, rps, slo_s) <= 1.0 - q, 0.0, c * mu, 50)
     return lo
 
 
@@ -123,12 +128,7 @@ def service_rate_for(c: int, total_rps: float, latency_s: float, q: float) -> fl
     target = 1.0 - q
     lo = max(total_rps / c, 1e-12)  # saturated: P(latency > t) = 1 > target
     hi = max(2.0 * lo, tail_factor(q) / latency_s)
-    while pooled_beyond(hi, c, total_rps, latency_s) > target:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(48):  # relative precision ~1e-12 for a bracket within 2x
-        mid = math.sqrt(lo * hi)
-        if pooled_beyond(mid, c, total_rps, latency_s) > target:
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = _bisect(  # 48 halvings: relative precision ~1e-12 for a bracket within 2x
+        lambda m: pooled_beyond(m, c, total_rps, latency_s) > target, lo, hi, 48, geometric=True
+    )
     return math.sqrt(lo * hi)
