@@ -296,74 +296,6 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the gradient-noise check ---------------------------------------------------------------
-
-
-def gns_check(name: str, at_steps: tuple[int, ...] = (40, 120, 240), draws: int = 100) -> list:
-    """The library's noise scale φ̂ vs brute force on a workload (1 replica, batch fixed at M0;
-    with Adam both pre-conditioned by the library's P = diag(1 / (sqrt(v̂) + ε))).
-
-    At each step in ``at_steps`` the weights are frozen and φ = tr Σ / |G|² is measured
-    directly: G from the full training set, tr Σ = b E|g_b − G|² (finite-population
-    corrected) from ``draws`` minibatch gradients of b = M0 samples.
-    """
-    import os
-
-    import torch
-    import torch.nn.functional as F
-
-    import coadapt.train as ct
-
-    torch.set_num_threads(1)
-    os.environ.setdefault("COADAPT_CHECKPOINT_DIR", tempfile.mkdtemp(prefix="coadapt-gns-"))
-    ct.init()
-    w = WORKLOADS[name]
-    train, _, _, make = _builders(name)
-    torch.manual_seed(0)
-    loader = ct.AdaptiveDataLoader(train, batch_size=w.init_batch, seed=0, name=f"gns-{name}")
-    net, opt = make(w.lr)
-    model = ct.AdaptiveModel(
-        net, opt, loader, name=f"gns-model-{name}", checkpoint_every=0, checkpoint_interval=0
-    )
-    x_all, y_all = train.tensors
-    params = [p for p in net.parameters() if p.requires_grad]
-    gen = torch.Generator().manual_seed(1)
-
-    def grad(idx: Any) -> Any:
-        """The (pre-conditioned, for Adam: the library's P) gradient of a subset."""
-        net.zero_grad()
-        F.cross_entropy(net(x_all[idx]), y_all[idx]).backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in params]).clone()
-        pinv = model._pinv(params)
-        return flat if pinv is None else flat / torch.cat([t.reshape(-1) for t in pinv])
-
-    out = []
-    for _ in loader.epochs(10**6):
-        for x, y in loader:
-            if model.step(F.cross_entropy(model(x), y)) and model.steps in at_steps:
-                full = grad(torch.arange(len(x_all)))
-                b, n = w.init_batch, len(x_all)
-                dev = [
-                    float(((grad(torch.randperm(n, generator=gen)[:b]) - full) ** 2).sum())
-                    for _ in range(draws)
-                ]
-                trace = b * sum(dev) / draws / (1 - b / n)
-                net.zero_grad()
-                out.append(
-                    {
-                        "workload": name,
-                        "step": model.steps,
-                        "pgns_brute": trace / float((full**2).sum()),
-                        "pgns_library": model.pgns,
-                    }
-                )
-            if model.steps >= max(at_steps):
-                ct.shutdown()
-                return out
-    ct.shutdown()
-    return out
-
-
 # -- the driver -----------------------------------------------------------------------------
 
 
@@ -497,7 +429,9 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--modes", default=None, help="comma-separated modes (default: the grid)")
     p.add_argument("--skip-overhead", action="store_true", help="no overhead measurement")
-    p.add_argument("--gns-check", action="store_true", help="only: the library's φ vs brute force")
+    p.add_argument(
+        "--gns-check", action="store_true", help="only: benchmarks/gns_check.py (φ vs brute force)"
+    )
     p.add_argument("--overhead-repeats", type=int, default=10)
     # worker mode (inside the launched job)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -512,18 +446,11 @@ def main() -> int:
     for name in args.workloads.split(","):
         if name not in WORKLOADS:
             p.error(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-    if args.gns_check:
-        checks = [c for name in args.workloads.split(",") for c in gns_check(name)]
-        print(f"{'workload':<9}{'step':>6}{'φ brute':>10}{'φ library':>11}{'ratio':>7}")
-        for c in checks:
-            ratio = c["pgns_library"] / c["pgns_brute"]
-            print(
-                f"{c['workload']:<9}{c['step']:>6}{c['pgns_brute']:>10.1f}"
-                f"{c['pgns_library']:>11.1f}{ratio:>7.2f}"
-            )
-        if args.json:
-            Path(args.json).write_text(json.dumps({"gns_check": checks}, indent=1))
-        return 0
+    if args.gns_check:  # the brute-force check lives in its own script now
+        from benchmarks.gns_check import main as gns_main
+
+        out = ["--json", args.json] if args.json else []
+        return gns_main(["--workloads", args.workloads, *out])
     grid = (1, 4) if args.quick else GRID
     seeds = list(range(2 if args.quick else args.seeds))
     replicas = [1] if args.quick else [int(k) for k in args.replicas.split(",")]

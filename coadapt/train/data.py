@@ -10,6 +10,11 @@ and epoch are therefore all that is needed to resume, at any K, with the same da
 The last step of an epoch uses ``m' = remaining // (K * (s + 1))`` and drops the fewer than
 ``K * (s + 1)`` samples left over (every replica needs a non-empty batch for the all-reduce).
 
+With ``split_next`` set (one replica, no accumulation), the next step's m samples come as two
+micro-batches, ⌊m/2⌋ and the rest, each weighted by its share (``micro_weight``): the same
+optimizer step, but two gradients at one set of weights, which is what an unbiased noise
+measurement needs (:func:`coadapt.train.gns.halves_estimate`).
+
 A plain :class:`~torch.utils.data.TensorDataset` with the default collation is fetched with
 one index per tensor (``t[idx]``) instead of ``m`` ``__getitem__`` calls and a stack: the same
 tensors, without ~10 µs of Python per sample (``batched_fetch``; pass ``False`` for the
@@ -116,6 +121,13 @@ class AdaptiveDataLoader:
         self.micro_index = 0
         self.is_sync_step = True
         self.step_local_bsz = self.local_bsz  # m of the in-flight step (smaller at epoch end)
+        # One replica without accumulation measures its gradient noise on a step split into
+        # two micro-batches (set by AdaptiveModel before the step; see split_step).
+        self.split_next = False
+        self.split_step = False  # the in-flight step is such a split step
+        self.step_accum = self.accum_steps  # micro-batches of the in-flight step, minus one
+        self.micro_weight = 1.0  # this micro-batch's share of the in-flight step's samples
+        self.piece_bsz = self.local_bsz  # samples of the in-flight step's first micro-batch
         self.fetch_start = self.step_start = time.perf_counter()
         self.last_global_indices: np.ndarray = np.zeros(0, dtype=np.int64)
         self._pending = 0  # samples of the in-flight step, committed by commit_step()
@@ -195,14 +207,25 @@ class AdaptiveDataLoader:
             self.last_global_indices = chunk
             self._pending = total
             self.step_local_bsz = m
-            for j in range(s + 1):
-                start = (j * k + self.rank) * m
+            # A split step: the same m samples as two micro-batches, the first of m // 2.
+            self.split_step = self.split_next and k == 1 and s == 0 and m >= 2
+            bounds = (
+                [0, m // 2, m]
+                if self.split_step
+                else [(j * k + self.rank) * m for j in range(s + 1)] + [total]
+            )
+            self.step_accum = len(bounds) - 2
+            self.piece_bsz = bounds[1] - bounds[0] if self.split_step else m
+            for j in range(self.step_accum + 1):
+                start = bounds[j]
+                stop = bounds[j + 1] if self.split_step else start + m
                 self.micro_index = j
-                self.is_sync_step = j == s
+                self.is_sync_step = j == self.step_accum
+                self.micro_weight = (stop - start) / m / (s + 1)
                 self.fetch_start = time.perf_counter()
                 if j == 0:
                     self.step_start = self.fetch_start
-                yield self._fetch(chunk[start : start + m])
+                yield self._fetch(chunk[start:stop])
         if self._pending:
             self.commit_step()
         self.epoch = epoch + 1

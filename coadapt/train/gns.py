@@ -3,7 +3,8 @@
 Let G be the true (pre-conditioned) gradient and Σ the per-sample gradient covariance, so a
 mean of b i.i.d. per-sample gradients has ``E|g_b|² = |G|² + tr(Σ)/b``. Training produces n
 such "pieces" of b samples each — the K replicas' local gradients before the all-reduce, or
-the s + 1 micro-batches of one replica, or two consecutive steps — and their mean ḡ over
+the s + 1 micro-batches of one replica, or the two halves of a step split to measure
+(:func:`halves_estimate`), always at one set of weights — and their mean ḡ over
 n·b samples, with ``E|ḡ|² = |G|² + tr(Σ)/(n b)``. Given p̂ = mean (or any one) of the piece
 squared norms and ĝ = |ḡ|², the two equations solve to the unbiased estimators
 
@@ -39,8 +40,35 @@ def estimate(
     return sqr, trace
 
 
+def halves_estimate(
+    piece_sqr: float, cross: float, total_sqr: float, first_bsz: float, second_bsz: float
+) -> tuple[float, float]:
+    """Unbiased (|G|², tr Σ) from one step split into two micro-batches of b1 and b2 samples.
+
+    Takes |g1|², g1·ḡ and |ḡ|² (ḡ the step's gradient, the Gram matrix of g1 and ḡ), recovers
+    g2 = (ḡ − w1 g1) / w2 with w_i = b_i / (b1 + b2), and uses both halves symmetrically:
+    |G|²^ = g1·g2 and tr Σ^ = |g1 − g2|² / (1/b1 + 1/b2). Using the first piece alone (as
+    :func:`estimate` does) adds (|g2|² − |g1|²)/2 to |G|²^, a term as noisy as the gradient
+    noise itself; when the noise dwarfs |G|² (φ ≫ M), that term made the smoothed |G|² go
+    negative on the examples (issue 19).
+    """
+    if first_bsz <= 0 or second_bsz <= 0:
+        raise ValueError(f"need two non-empty halves, got {first_bsz} and {second_bsz}")
+    w1 = first_bsz / (first_bsz + second_bsz)
+    w2 = 1.0 - w1
+    dot = (cross - w1 * piece_sqr) / w2  # g1·g2
+    second_sqr = (total_sqr - 2.0 * w1 * cross + w1 * w1 * piece_sqr) / (w2 * w2)  # |g2|²
+    diff = piece_sqr + second_sqr - 2.0 * dot  # |g1 − g2|²
+    return dot, diff / (1.0 / first_bsz + 1.0 / second_bsz)
+
+
 def consecutive_estimate(gram: list[list[float]], bsz: float) -> tuple[float, float]:
     """(|G|², tr Σ) from the 3x3 Gram matrix of three consecutive steps' gradients.
+
+    No longer used by the library, kept to show its bias (``benchmarks/gns_check.py``): each
+    step's noise ξ1 moves the next steps' weights, so E[g1·g2] = G1·G2 − η tr(HΣ)/b (more
+    with momentum). On the examples, in training, |G|²^ read 0.03-0.9x and φ 2.3-31x the
+    brute-force value (issue 19); :func:`halves_estimate` takes both pieces at one point.
 
     Consecutive steps see different weights: the true gradient drifts by D per step. Taking
     two steps as two pieces of one gradient (the old estimator) counts that drift as noise,

@@ -12,9 +12,10 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
   extra elements of the last bucket, so there is no extra collective. Both ride on measuring
   steps only: on the others the hook all-reduces the buckets in place, as DDP's own hook
   does (a SIGTERM or a due checkpoint waits at most ``measure_every - 1`` steps). With K = 1
-  it uses the
-  first micro-batch vs the accumulated gradient, or (no accumulation) two consecutive steps,
-  flattened into one buffer so that a single 2×2 Gram matrix gives every norm at once;
+  it uses the first micro-batch vs the accumulated gradient; without accumulation the loader
+  splits a measuring step into two micro-batches (both pieces at the same weights: unbiased,
+  unlike consecutive steps), flattened into one buffer so that a single 2×2 Gram matrix
+  gives every norm at once;
 * scales the LR by the rule (AdaScale for SGD, sqrt for adaptive optimisers) for the
   optimizer step only, so any user LR scheduler composes with it;
 * records (nodes, K, m, s, T_iter, T_grad) and every ``retune_every`` steps and at epoch
@@ -61,7 +62,7 @@ from coadapt.protocol import (
 )
 from coadapt.train.context import TrainConfigError
 from coadapt.train.data import AdaptiveDataLoader
-from coadapt.train.gns import GradNoiseEMA, consecutive_estimate, estimate
+from coadapt.train.gns import GradNoiseEMA, estimate, halves_estimate
 from coadapt.train.memory import is_oom
 from coadapt.train.profile import Profile
 
@@ -78,6 +79,10 @@ _ADAPTIVE = (
 _PRECONDITIONED = (torch.optim.Adam, torch.optim.AdamW)
 _WARMUP_STEPS = 3  # steps after a start or batch change that are not profiled
 _FOLLOWUP_STEPS = 6  # timed steps of a new configuration before the early re-tune
+# Adam's P = 1/(sqrt(v̂) + ε) is not measured with before the optimizer has taken this many
+# steps: after one, v̂ = ḡ² and P·ḡ = ±1 in every coordinate, a piece's |P g1|² read 10⁸ and
+# that first update dominated the cancer MLP's smoothed noise for 60 steps (issue 19).
+_PRECONDITION_WARMUP = 4
 # Periodic checkpoints may cost at most this fraction of the time between them (issue 13.2),
 CHECKPOINT_BUDGET = 0.02
 # and come often enough that a crash loses at most this share of the training time so far
@@ -162,9 +167,7 @@ class AdaptiveModel:
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._replicas = self.ctx.world_size
         self._piece_scale: float | None = None  # set when _rows[0] holds a piece gradient
-        self._prev_bsz = 0
-        self._consecutive = 0  # s = 0, K = 1: rows of _rows holding this run of steps' grads
-        # (3, P): piece and total gradients (s > 0), or three consecutive steps' (s = 0)
+        # (2, P): the first micro-batch's gradient and the step's (K = 1)
         self._rows: torch.Tensor | None = None
         self._local_sq: torch.Tensor | None = None
         self._global_parts: list[torch.Tensor] = []
@@ -182,6 +185,10 @@ class AdaptiveModel:
             and loader.max_batch_size > loader.init_batch_size
             and loader.pinned_batch_size is None
         )
+        # Only a job that may change its batch reads φ (at a fixed M the efficiency is 1
+        # whatever φ is), so only it pays a split step's extra micro-batch to measure it at
+        # one replica without accumulation (pieces of K > 1 or s > 0 cost nothing extra).
+        self._splits = self._gated
         self._perf: PerfParams | None = None  # the last θ_sys fit, and the profile it saw
         self._fit_version: tuple[Any, ...] = ()
         self._stop_pending = False
@@ -201,6 +208,7 @@ class AdaptiveModel:
             # A lambda: DDP checks annotations and ours are strings (postponed evaluation).
             self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
         self._update_lr_scale()
+        self._request_split()
         self.ctx.restore_rng()
         if self.adapt and loader.max_batch_size > loader.init_batch_size:
             # The first fit imports SciPy's optimiser (0.3-1.6 s); import it while the first
@@ -209,8 +217,22 @@ class AdaptiveModel:
 
     @property
     def _measure_period(self) -> int:
-        """Optimizer steps between two noise measurements (every rank computes the same)."""
-        return 1 if self._gated else self.measure_every
+        """Optimizer steps between two noise measurements (every rank computes the same).
+
+        While gated: every step, except at one replica without accumulation, where every
+        other one (a measuring step is split and not timed, so the rest time M0 for the
+        first fit).
+        """
+        if not self._gated:
+            return self.measure_every
+        return 2 if self.ddp is None and self.loader.accum_steps == 0 else 1
+
+    @property
+    def _measuring(self) -> bool:
+        """Whether the in-flight step measures the gradient noise (every rank agrees)."""
+        if self._precondition and self.steps < _PRECONDITION_WARMUP:
+            return False
+        return self.steps % self._measure_period == 0
 
     # -- forward --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -299,8 +321,15 @@ class AdaptiveModel:
         params: list[torch.Tensor] = [p for p in self._params if p.grad is not None]
         return [p.grad for p in params if p.grad is not None], params
 
+    def _request_split(self) -> None:
+        """K = 1: ask the loader to split the next step in two if it is a measuring one (only
+        in a job that may change its batch: a fixed one at s = 0 does not measure φ)."""
+        self.loader.split_next = (
+            self._splits and self.ddp is None and self._replicas == 1 and self._measuring
+        )
+
     def _flatten(self, row: int) -> bool:
-        """Copy the current gradients into row ``row`` of the (3, P) buffer (one ``cat``)."""
+        """Copy the current gradients into row ``row`` of the (2, P) buffer (one ``cat``)."""
         grads, _ = self._grads()
         total = sum(g.numel() for g in grads)
         rows = self._rows
@@ -310,7 +339,7 @@ class AdaptiveModel:
             dtype = (
                 torch.float64 if any(g.dtype == torch.float64 for g in grads) else (torch.float32)
             )
-            rows = self._rows = torch.zeros(3, total, dtype=dtype, device=self.ctx.device)
+            rows = self._rows = torch.zeros(2, total, dtype=dtype, device=self.ctx.device)
         torch.cat([g.detach().reshape(-1) for g in grads], out=rows[row])
         return True
 
@@ -416,18 +445,24 @@ class AdaptiveModel:
 
     def _step(self, loss: torch.Tensor) -> bool:
         loader = self.loader
-        s = loader.accum_steps
+        s = loader.step_accum
         sync = loader.is_sync_step
-        (loss / (s + 1) if s > 0 else loss).backward()
+        weight = loader.micro_weight
+        (loss * weight if s > 0 else loss).backward()
+        # Split steps are not timed: eq. 12 has no cost per step beyond its micro-batches, so
+        # their extra micro-batch (0.13 ms where a cancer MLP step took 0.57 ms) read as the
+        # fixed cost and the rest as per-sample cost, and the fit priced 64 at 3x 16 (it
+        # costs the same; issue 19).
+        timed = (
+            self._warmup <= 0
+            and loader.step_local_bsz == loader.local_bsz
+            and not loader.split_step
+        )
         if not sync:
-            if (
-                loader.micro_index == 0
-                and self.ddp is None
-                and self.steps % self._measure_period == 0
-            ):
-                # The first micro-batch's gradient, scaled back from loss / (s + 1).
-                self._piece_scale = float((s + 1) ** 2) if self._flatten(0) else None
-            if self._warmup <= 0 and loader.step_local_bsz == loader.local_bsz:
+            if loader.micro_index == 0 and self.ddp is None and self._measuring:
+                # The first micro-batch's gradient, scaled back from loss * weight.
+                self._piece_scale = 1.0 / weight**2 if self._flatten(0) else None
+            if timed:
                 self.profile.record_grad(self._key(), time.perf_counter() - loader.fetch_start)
             return False
         stop = self.ctx.stop_requested
@@ -445,7 +480,7 @@ class AdaptiveModel:
         now = time.perf_counter()
         if self._warmup > 0:
             self._warmup -= 1
-        elif loader.step_local_bsz == loader.local_bsz:
+        elif timed:
             # Not the short last step of an epoch: a handful of those made profile rows of
             # their own (m = 29 next to m = 32) whose noisy times swayed the fit (issue 19).
             self.profile.record_iter(self._key(), now - loader.step_start)
@@ -489,6 +524,7 @@ class AdaptiveModel:
             self._last_epoch = loader.epoch
             self._force_retune = False
             self.retune()
+        self._request_split()
         return True
 
     def _key(self) -> tuple[int, int, int, int]:
@@ -512,41 +548,43 @@ class AdaptiveModel:
             return False, False
         values = torch.cat([extra, torch.stack(parts).sum().reshape(1)]).tolist()
         piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
-        self.gns.update(*estimate(values[0], values[3], piece_bsz, self._replicas))
+        if self._measuring:  # not while Adam's P is still made of a step or two
+            self.gns.update(*estimate(values[0], values[3], piece_bsz, self._replicas))
         return values[1] > 0, values[2] > 0
 
     def _measure_single(self) -> Callable[[], None] | None:
-        """K = 1: noise from micro-batch pieces, or from three consecutive steps (s = 0).
+        """K = 1: noise from the step's micro-batch pieces, all taken at the same weights.
+
+        With accumulation the pieces are the s + 1 micro-batches; without, a measuring step is
+        split in two (``loader.split_next``: one extra fixed cost per measuring step). The
+        library used to take three *consecutive* steps' gradients instead, but each step's
+        noise moves the next step's weights (G2 = G1 − ηHξ1), so the estimate read tr Σ
+        2-3x too high on the examples (``benchmarks/gns_check.py``; issue 19).
 
         Copies this step's gradient now (the step frees it); returns what finishes the
         measurement after the optimizer step, if this step completes one.
         """
-        s = self.loader.accum_steps
-        m = self.loader.step_local_bsz
+        loader = self.loader
         scale, self._piece_scale = self._piece_scale, None
-        if s > 0:
-            self._consecutive = 0
-            if scale is None or not self._flatten(1):
-                return None
-            _, params = self._grads()  # the step frees the gradients: keep their parameters
+        if loader.step_accum == 0 or scale is None or not self._flatten(1):
+            return None
+        _, params = self._grads()  # the step frees the gradients: keep their parameters
+        first = float(loader.piece_bsz)
+        samples = float(loader.step_local_bsz * (loader.accum_steps + 1))
+        split = loader.split_step
 
-            def pieces() -> None:
-                (piece, _), (_, total) = self._gram(2, params)
-                self.gns.update(*estimate(piece * scale, total, m, s + 1))
+        def finish() -> None:
+            (piece, cross), (_, total) = self._gram(2, params)
+            if split:  # rows: w1·g1 and ḡ, with scale = 1 / w1²
+                self.gns.update(
+                    *halves_estimate(
+                        piece * scale, cross * scale**0.5, total, first, samples - first
+                    )
+                )
+            else:
+                self.gns.update(*estimate(piece * scale, total, first, samples / first))
 
-            return pieces
-        if self._consecutive:  # rows 0.. hold the previous steps' gradients
-            if self._prev_bsz != m or not self._flatten(self._consecutive):
-                self._consecutive = 0
-                return None
-            self._consecutive += 1
-            if self._consecutive == 3:
-                self._consecutive = 0
-                _, params = self._grads()
-                return lambda: self.gns.update(*consecutive_estimate(self._gram(3, params), m))
-        elif self.steps % self._measure_period == 0 and self._flatten(0):
-            self._consecutive, self._prev_bsz = 1, m
-        return None
+        return finish
 
     def _optimizer_step(self) -> None:
         factor = self.lr_scale
@@ -684,7 +722,6 @@ class AdaptiveModel:
             # for most of their run (issue 19). Every rank computes the same step.
             self._followup = self.steps + _WARMUP_STEPS + _FOLLOWUP_STEPS
             self._piece_scale = None
-            self._consecutive = 0
             self.ctx.metrics.emit(
                 BatchRecord(
                     step=self.steps,
