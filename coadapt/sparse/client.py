@@ -26,9 +26,10 @@ next :meth:`PSClient.pull_joined` of exactly those IDs at the same step takes it
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coadapt.sparse._hashing import as_u64_keys
+from coadapt.sparse._optim_kernels import fused_available
 from coadapt.sparse.compress import (
     CompressionConfig,
     GradientCompressor,
@@ -70,6 +72,10 @@ __all__ = ["SPARSE_METRIC_PREFIX", "LocalStore", "PSClient", "SparseStore", "ded
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
 
+_SPLIT_MIN_IDS = 8192
+"""IDs in a local pull/push below which the tables run on one thread: handing work to a
+second thread and joining it costs tens of microseconds, a table of a few hundred rows less."""
+
 
 def dedupe(ids: npt.ArrayLike) -> tuple[U64, npt.NDArray[np.int64]]:
     """Unique IDs (sorted) and, per input position, the index of its unique ID."""
@@ -91,11 +97,30 @@ class SparseStore(Protocol):
 
 
 class LocalStore:
-    """In-process store: one :class:`ShardState` (tables + row optimizers), no sockets."""
+    """In-process store: one :class:`ShardState` (tables + row optimizers), no sockets.
 
-    def __init__(self, tables: Sequence[TableSpec], seed: int = 0) -> None:
+    ``threads`` > 1 splits a pull or push of many tables over that many threads (table ``t``
+    always on thread ``t % threads``, so a push finds its pull's indices in that thread's
+    memo). Why: the probe, row gather and optimizer kernels release the GIL and wait on
+    memory (random rows of tables far larger than the cache); in-process, they run while
+    torch's threads sit idle, so a second thread overlaps their cache misses, as FBGEMM's
+    lookups and fused optimizer do. Only with the compiled kernels and at least
+    ``_SPLIT_MIN_IDS`` IDs in the call; the result is identical (each table is touched by one
+    thread, in the same order).
+    """
+
+    def __init__(
+        self, tables: Sequence[TableSpec], seed: int = 0, threads: int | None = None
+    ) -> None:
+        if threads is None:
+            threads = min(2, os.cpu_count() or 1)
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         self.state = ShardState(tables, 0, 1, seed)
-        self._memo = CallerMemo()  # pull indices reused by the next push, scratch buffers
+        # per thread: pull indices reused by the next push, scratch buffers
+        self._memos = [CallerMemo() for _ in range(threads)]
+        self._parallel = threads > 1 and fused_available()
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (owner pid, pool)
         self._index = {s.name: i for i, s in enumerate(self.state.specs)}
         self.step = 0
 
@@ -110,9 +135,52 @@ class LocalStore:
     def dim(self, table: str) -> int:
         return self.state.specs[self._t(table)].dim
 
+    def _split(self, work: Sequence[tuple[int, Callable[[CallerMemo], None]]], ids: int) -> None:
+        """Run each ``(table, fn)`` as ``fn(memo of its thread)``; tables of one thread in
+        order, threads in parallel when the call is large enough to pay for the hand-off."""
+        n = len(self._memos)
+        groups: list[list[Callable[[CallerMemo], None]]] = [[] for _ in range(n)]
+        for t, fn in work:
+            groups[t % n].append(fn)
+
+        def run(i: int) -> None:
+            for fn in groups[i]:
+                fn(self._memos[i])
+
+        if not self._parallel or ids < _SPLIT_MIN_IDS:
+            for i in range(n):
+                run(i)
+            return
+        pool = self._executor()
+        futures = [pool.submit(run, i) for i in range(1, n) if groups[i]]
+        try:
+            run(0)
+        finally:
+            for f in futures:
+                f.result()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The helper threads, created on first use in *this* process: after a fork the
+        parent's pool has no threads in the child (its idle count would wait forever)."""
+        pid = os.getpid()
+        if self._pool is None or self._pool[0] != pid:
+            workers = len(self._memos) - 1
+            self._pool = (pid, ThreadPoolExecutor(workers, thread_name_prefix="coadapt-local"))
+        return self._pool[1]
+
     def pull(self, ids: Mapping[str, U64]) -> dict[str, F32]:
-        st, memo = self.state, self._memo
-        return {n: st.pull(self._t(n), k, now=self.step, memo=memo) for n, k in ids.items()}
+        st, step = self.state, self.step
+        out: dict[str, F32] = {}
+
+        def one(name: str, t: int, k: U64) -> Callable[[CallerMemo], None]:
+            def fn(memo: CallerMemo) -> None:
+                out[name] = st.pull(t, k, now=step, memo=memo)
+
+            return fn
+
+        work = [(t, one(n, t, k)) for n, k in ids.items() for t in [self._t(n)]]
+        self._split(work, sum(k.size for k in ids.values()))
+        return {n: out[n] for n in ids}
 
     def pull_joined(self, ids: Mapping[str, U64]) -> F32:
         """Rows of tables of one dim as one (total, dim) array in ``ids`` order, each table
@@ -122,16 +190,34 @@ class LocalStore:
         if len(dims) != 1:
             raise ValueError(f"a joined pull needs tables of one dim, got dims {sorted(dims)}")
         dim = dims.pop()
-        out = np.empty((sum(k.size for _, k in ts), dim), np.float32)
-        off = 0
+        total = sum(k.size for _, k in ts)
+        out = np.empty((total, dim), np.float32)
+        st, step = self.state, self.step
+
+        def one(t: int, k: U64, dest: F32) -> Callable[[CallerMemo], None]:
+            def fn(memo: CallerMemo) -> None:
+                st.pull(t, k, now=step, out=dest, memo=memo)
+
+            return fn
+
+        work, off = [], 0
         for t, k in ts:
-            self.state.pull(t, k, now=self.step, out=out[off : off + k.size], memo=self._memo)
+            work.append((t, one(t, k, out[off : off + k.size])))
             off += k.size
+        self._split(work, total)
         return out
 
     def push(self, grads: Mapping[str, tuple[U64, F32]]) -> None:
-        for name, (k, g) in grads.items():
-            self.state.push(self._t(name), k, g, now=self.step, memo=self._memo)
+        st, step = self.state, self.step
+
+        def one(t: int, k: U64, g: F32) -> Callable[[CallerMemo], None]:
+            def fn(memo: CallerMemo) -> None:
+                st.push(t, k, g, now=step, memo=memo)
+
+            return fn
+
+        work = [(t, one(t, k, g)) for n, (k, g) in grads.items() for t in [self._t(n)]]
+        self._split(work, sum(k.size for k, _ in grads.values()))
         self.step += 1
 
     def count(self, events: Mapping[str, tuple[U64, npt.NDArray[np.uint32]]]) -> None:

@@ -127,7 +127,7 @@ def _write_full(w: _HashingWriter, table: EmbeddingTable, dim: int) -> None:
         base = s * t._seg_slots
         cap = int(t._nb[s]) * BUCKET
         keys = t._keys[base : base + cap]
-        rows = np.ascontiguousarray(t._rows[base : base + cap, :dim])
+        rows = np.ascontiguousarray(t.row_arena()[base : base + cap, :dim])
         rows[keys == 0] = 0.0  # dead slots may hold stale rows: never ship them
         w.write(keys)
         w.write(rows)
@@ -272,7 +272,7 @@ def _load_full(r: _HashingReader, e: dict[str, Any], name: str, packed: bool) ->
         base = s * table._seg_slots
         cap = int(nb[s]) * BUCKET
         r.readinto(table._keys[base : base + cap])
-        rows = table._rows[base : base + cap]
+        rows = table.row_arena()[base : base + cap]
         r.readinto(rows)
         if not np.isfinite(rows).all():
             raise ExportError(f"{name}: table {e['name']!r} holds NaN or Inf rows")

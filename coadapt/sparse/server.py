@@ -249,6 +249,9 @@ class ShardState:
         self.pulled_rows = 0
         self.pushed_rows = 0
         self.dropped_grad_rows = 0
+        # pulls and pushes of *different* tables may run on several threads (LocalStore): the
+        # tables are independent, these shared counters are not
+        self._stats_lock = threading.Lock()
         self.meta: dict[str, Any] = {}
         # keys of rows changed since the last model exports (coadapt.sparse.changes)
         self.changes = [ChangeLog() for _ in specs]
@@ -279,12 +282,13 @@ class ShardState:
         )
         if new.any():
             self.changes[t].record(ids[new])
-        self.pulled_rows += ids.size
+        with self._stats_lock:
+            self.pulled_rows += ids.size
         if out is None:
             out = np.empty((ids.size, dim), np.float32)
         if memo is not None:
             memo.remember(t, table, ids, idx)
-        if idx.size and idx.min() >= 0 and gather_embeddings(table._rows, idx, out):
+        if idx.size and idx.min() >= 0 and gather_embeddings(table.row_arena(), idx, out):
             return out  # compiled: the embedding columns straight out of the arena
         scratch = None if memo is None else memo.floats("gather", (ids.size, table.width))
         if idx.size and idx.min() >= 0:
@@ -321,19 +325,25 @@ class ShardState:
         ok = idx >= 0
         self.changes[t].record(ids if ok.all() else ids[ok])
         if not ok.all():
-            self.dropped_grad_rows += int(ok.size - np.count_nonzero(ok))
+            with self._stats_lock:
+                self.dropped_grad_rows += int(ok.size - np.count_nonzero(ok))
             idx, grads = idx[ok], grads[ok]
         if idx.size == 0:
             return
         self.steps[t] += 1
         g32 = np.ascontiguousarray(grads, np.float32)
         # compiled: update the rows in place in the arena, one pass (``_optim_kernels``)
-        if not fused_apply(self.opts[t], table._rows, idx, g32, spec.dim, self.steps[t]):
+        # IDs in strictly increasing order (a client's dedupe) are distinct, so are their
+        # slots (and those of any subset): the kernel needs no pass for last occurrences
+        unique = ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))
+        arena = table.row_arena()
+        if not fused_apply(self.opts[t], arena, idx, g32, spec.dim, self.steps[t], unique=unique):
             buf = None if memo is None else memo.floats("rows", (idx.size, table.width))
             rows = table.rows(idx, buf)
             self.opts[t].apply(rows, g32, spec.dim, self.steps[t])
             table._write_rows_unchecked(idx, rows)  # idx came from a lookup at this generation
-        self.pushed_rows += idx.size
+        with self._stats_lock:
+            self.pushed_rows += idx.size
 
     def count(self, t: int, ids: npt.NDArray[np.uint64], clicks: np.ndarray) -> None:
         """One exposure per occurrence in ``ids`` and ``clicks`` per occurrence, on present rows."""

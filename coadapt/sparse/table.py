@@ -783,12 +783,18 @@ class EmbeddingTable:
     def __len__(self) -> int:
         return int(self._size.sum())
 
+    def _probe_compiled(self, keys: npt.NDArray[np.uint64]) -> I64Array:
+        """Slot per key or -1 with the compiled one-pass probe (only when it exists)."""
+        assert probe_keys is not None
+        k = np.ascontiguousarray(keys)
+        idx = np.empty(k.size, np.int64)
+        probe_keys(k, self._keys, self._nb, self._seg_buckets, self._shift, self._b2_bits, idx)
+        return idx
+
     def lookup(self, keys: npt.ArrayLike, now: float | None = None) -> I64Array:
         """Row index per key, -1 where absent (not admitted or expired). ``now`` touches hits."""
         if probe_keys is not None:  # compiled: mix + probe per key, one pass (``_probe``)
-            k = np.ascontiguousarray(as_u64_keys(keys))
-            idx = np.empty(k.size, np.int64)
-            probe_keys(k, self._keys, self._nb, self._seg_buckets, self._shift, self._b2_bits, idx)
+            idx = self._probe_compiled(as_u64_keys(keys))
         else:
             stored, seg = self._prepare(keys)
             if stored.size == 0:
@@ -853,10 +859,18 @@ class EmbeddingTable:
         ``lambda r: opt.init_rows(r, dim, rng)``.
         """
         k = as_u64_keys(keys)
-        stored, seg = self._prepare(k)
         new = np.zeros(k.size, dtype=bool)
         if k.size == 0:
             return np.zeros(0, np.int64), new
+        if probe_keys is not None:
+            # steady state (every key has a row): the compiled probe alone, no numpy hashing
+            found = self._probe_compiled(k)
+            if found.min() >= 0:
+                if now is not None:
+                    self.touch(found, now)
+                return found, new
+            del found
+        stored, seg = self._prepare(k)
         idx = self._find(stored, seg)
         miss = np.flatnonzero(idx < 0)
         if miss.size:
@@ -941,6 +955,12 @@ class EmbeddingTable:
         if now is not None:
             self.touch(idx, now)
         return idx
+
+    def row_arena(self) -> F32Array:
+        """The (capacity, width) float32 row array itself, not a copy: compiled kernels read and
+        update rows in place at indices from a lookup of the current ``generation`` (any
+        insert, move, growth, deletion or expiry may move rows and makes such indices stale)."""
+        return self._rows
 
     def _row_view(self) -> np.ndarray:
         """The row array seen as one opaque ``width * 4``-byte item per row: a gather or

@@ -193,6 +193,36 @@ def test_local_store_matches_its_shard_state() -> None:
         store.pull({"x": ids})
 
 
+def test_local_store_threads_give_identical_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables split over two threads (table t on thread t % 2): same rows, same counters and
+    the push still reuses its pull's indices (each thread keeps its own memo)."""
+    import coadapt.sparse.client as client_mod
+
+    monkeypatch.setattr(client_mod, "_SPLIT_MIN_IDS", 0)  # split even these small calls
+    specs = [TableSpec(f"t{i}", 8, "rowwise_adagrad", {"lr": 0.1}) for i in range(5)]
+    one, two = LocalStore(specs, threads=1), LocalStore(specs, threads=2)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        ids = {s.name: np.unique(rng.integers(0, 300, 200).astype(np.uint64)) for s in specs}
+        rows = [st.pull_joined(ids) for st in (one, two)]
+        np.testing.assert_array_equal(rows[0], rows[1])
+        grads = {
+            n: (k, rng.standard_normal((k.size, 8)).astype(np.float32)) for n, k in ids.items()
+        }
+        for st in (one, two):
+            st.push(grads)
+    assert one.state.pulled_rows == two.state.pulled_rows
+    assert one.state.pushed_rows == two.state.pushed_rows
+    for a, b in zip(one.state.tables, two.state.tables, strict=True):
+        np.testing.assert_array_equal(a.row_arena(), b.row_arena())
+    both = one.pull({s.name: np.arange(300, dtype=np.uint64) for s in specs})
+    np.testing.assert_array_equal(
+        both["t3"], two.pull({s.name: np.arange(300, dtype=np.uint64) for s in specs})["t3"]
+    )
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        LocalStore(specs, threads=0)
+
+
 def test_client_unknown_table_is_a_clear_error(
     servers: list[ServerProcess], tmp_path: Path
 ) -> None:

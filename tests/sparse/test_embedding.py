@@ -96,6 +96,28 @@ def test_compiled_row_sum_equals_index_add_bit_for_bit() -> None:
     index = rng.integers(0, 50, 3000).astype(np.int64)  # heavy repeats: order matters
     grad = rng.standard_normal((3000, 16)).astype(np.float32)
     out = np.full((60, 16), np.nan, np.float32)  # the kernel must zero rows no index hits
-    _sum_rows(index, grad, out)
+    _sum_rows(index, grad, 1, 1, out)
     ref = torch.zeros(60, 16).index_add_(0, torch.from_numpy(index), torch.from_numpy(grad))
+    assert np.array_equal(out, ref.numpy())
+
+
+def test_row_sum_reads_a_sliced_gradient_in_place() -> None:
+    """DLRM's backward hands over a (B, F, dim) slice of a (B, F + 1, dim) gradient: it is
+    read where it lies (no copy), and the sums equal ``index_add_`` over the copied slice."""
+    from coadapt.sparse.embedding import _grad_rows, _sum_rows
+
+    rng = np.random.default_rng(3)
+    full = torch.from_numpy(rng.standard_normal((40, 6, 8)).astype(np.float32))
+    grad = full[:, 1:]  # (40, 5, 8), not contiguous
+    got = _grad_rows(grad)
+    assert got is not None
+    rows, per = got
+    assert per == 6 and rows.data_ptr() == grad.data_ptr()  # a view, not a copy
+    assert _grad_rows(full.transpose(1, 2)) is None  # columns not contiguous: caller copies
+    if _sum_rows is None:
+        pytest.skip("numba missing or COADAPT_NO_JIT")
+    index = torch.from_numpy(rng.integers(0, 30, (40, 5)).astype(np.int64))
+    out = np.empty((30, 8), np.float32)
+    _sum_rows(index.reshape(-1).numpy(), rows.numpy(), per, 5, out)
+    ref = torch.zeros(30, 8).index_add_(0, index.reshape(-1), grad.reshape(-1, 8))
     assert np.array_equal(out, ref.numpy())
