@@ -29,6 +29,7 @@ the priority weights of FITNESS_p (:mod:`coadapt.policies.pollux_problem`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,10 +38,12 @@ import numpy as np
 from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
 from coadapt.policies.packing import OneGpu, Term, choose_packing, split_guests
 from coadapt.policies.polish import polish_pairs
-from coadapt.policies.pollux_problem import IntArray, Levers, PolluxProblem
+from coadapt.policies.pollux_problem import IntArray, Levers, PolluxProblem, remaining_work
 from coadapt.policies.pollux_types import TypedPollux
 
 _TOL = 1e-12
+#: Policy state key of the pairs packed last round (guest -> host), read back next round.
+PACKED_STATE_KEY = "packed"
 #: The default ``pollux``'s levers (see :class:`Levers`, plus the fairness power ``p``; chosen
 #: on the artifact workloads, ``docs/hetero.md``). ``remaining_power``/``settle`` read
 #: ``JobInfo.progress`` and change nothing for jobs that declare no length.
@@ -745,14 +748,33 @@ class PolluxPolicy(PolluxUnawarePolicy):
     plus pair re-placements on small problems (:mod:`coadapt.policies.polish`; none at 16×4).
     With several types it allocates by per-type goodput (:mod:`coadapt.policies.pollux_types`),
     and where the snapshot lists co-location figures it packs waiting 1-GPU jobs onto running
-    ones when that raises FITNESS_p (:mod:`coadapt.policies.packing`).
+    ones when that raises FITNESS_p and (``packing_rule="jct"``) saves the pair summed
+    completion time (:mod:`coadapt.policies.packing`). Its state holds the pairs it packed
+    (``PACKED_STATE_KEY``), so the next round knows which job of a shared GPU is the guest.
     """
 
     name = "pollux"
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, packing_rule: str = "jct", **options: Any) -> None:
+        if packing_rule not in ("jct", "gain"):
+            raise ValueError(f"packing_rule must be 'jct' or 'gain', got {packing_rule!r}")
+        self.packing_rule = packing_rule
         merged = {**DEFAULT_LEVERS, **options}
         super().__init__(**merged)
+
+    def _time_left(self, snapshot: ClusterSnapshot) -> Callable[[str], float | None] | None:
+        """A job's remaining time alone on one GPU for the packing rule (``"jct"``): its
+        remaining work (GPU-s, from its declared progress; unknown counts as one
+        ``remaining_scale``, as in the weights). ``"gain"``: Gandiva's rule alone (no JCT
+        check), kept to measure against."""
+        if self.packing_rule == "gain":
+            return None
+        unknown = self.levers.remaining_scale
+
+        def time_left(name: str) -> float | None:
+            return remaining_work(snapshot.jobs[name], unknown)
+
+        return time_left
 
     def solve(self, problem: PolluxProblem) -> tuple[IntArray, float]:
         """The homogeneous optimiser, then pair re-placements on small problems."""
@@ -769,10 +791,12 @@ class PolluxPolicy(PolluxUnawarePolicy):
     ) -> Decision:
         """Maximise FITNESS_p across types; ``diagnostics["fitness"]`` is the allocation's
         FITNESS_p (packing gains not included), ``diagnostics["packed"]`` the guests."""
-        del state, rng  # stateless; deterministic: ties break by job order
+        del rng  # deterministic: ties break by job order
         if not snapshot.jobs or not snapshot.nodes:
             return Decision({})
-        previous = split_guests(snapshot)
+        # The state holds last round's pairs only (GPUs per node cannot say who is the guest).
+        known = state.get(PACKED_STATE_KEY) if isinstance(state, dict) else None
+        previous = split_guests(snapshot, known if isinstance(known, dict) else None)
         snap = snapshot
         if previous:  # packed guests over-commit their GPU: the optimiser sees them waiting
             snap = replace(
@@ -811,8 +835,17 @@ class PolluxPolicy(PolluxUnawarePolicy):
             held, one_gpu, term = typed.speedups, typed.one_gpu, typed.term
         # The original snapshot: whether a guest stays on its GPU is read from its current
         # allocation, which ``snap`` hides (without it a young packed pair is split up).
-        packed = choose_packing(snapshot, allocs, held, one_gpu, term, previous)
+        packed = choose_packing(
+            snapshot,
+            allocs,
+            held,
+            one_gpu,
+            term,
+            previous,
+            self._time_left(snapshot),
+        )
         for guest, host in packed.items():
             allocs[guest] = allocs[host]
         diagnostics = {"fitness": fit, "packed": float(len(packed))}
-        return Decision(allocs, diagnostics=diagnostics, packed=packed)
+        state_out: PolicyState = {PACKED_STATE_KEY: dict(packed)} if packed else {}
+        return Decision(allocs, state=state_out, diagnostics=diagnostics, packed=packed)

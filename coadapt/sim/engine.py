@@ -261,11 +261,31 @@ class _Job:
                 self._prev_perf[t] = previous
             self._models.clear()
 
+    def batch_limits(self) -> BatchLimits:
+        """The job's batch bounds; a packed job shares its GPU's memory, so its batch stays
+        within the memory rule of sharing (half the largest traced per-GPU batch). Without
+        the cap the agent grows a packed job's batch past the rule after its first profile,
+        and the next round must split the pair (a restart for nothing)."""
+        half = self.app.max_local_bsz // 2
+        limits = self.limits
+        if (
+            self.share >= 1.0
+            or limits.pinned_batch is not None
+            or half < max(limits.init_batch_size, limits.min_local_bsz)
+        ):
+            return limits
+        return replace(
+            limits,
+            max_batch_size=min(limits.max_batch_size, half),
+            max_local_bsz=min(limits.upper_local_bsz, half),
+        )
+
     def choose_batch(self) -> None:
         """Pick (atomic batch, accumulation steps) for the current placement."""
         app = self.app
         replicas = self.gpus
         target = self.target_batch
+        limits = self.batch_limits()
         if target is None and not self.profiles:
             target = max(app.init_batch_size, app.min_local_bsz * replicas)
         if target is None:
@@ -274,17 +294,17 @@ class _Job:
             nodes = len(self.placement)
             if self.artifact_agent:
                 current = (0, 0)  # unused by the artifact's rule
-                memo_key: tuple[object, ...] = (model, nodes, replicas)
+                memo_key: tuple[object, ...] = (model, nodes, replicas, limits)
             else:  # the current total batch, split over the replicas the job has now (at
                 # least the traced minimum micro-batch each: the traces cover nothing smaller)
                 total = max(self._total, self.app.init_batch_size, replicas * app.min_local_bsz)
-                current = split_total(total, replicas, self.limits.max_local_bsz)
+                current = split_total(total, replicas, limits.max_local_bsz)
                 gated = self.measurements < MIN_MEASUREMENTS
-                memo_key = (model, nodes, replicas, current, gated)
+                memo_key = (model, nodes, replicas, current, gated, limits)
             if self._choice is None or self._choice[0] != memo_key:
                 choice = choose_batch(
                     model,
-                    self.limits,
+                    limits,
                     current,
                     nodes,
                     replicas,
@@ -630,9 +650,11 @@ class Simulator:
             for job in active:
                 name = job.spec.name
                 before, after = current.get(name), new.get(name)
+                share, job.share = job.share, shares.get(name, 1.0)
                 if before != after:
                     job.reallocate(after, self.now, types.get(name, job.gpu_type))
-                job.share = shares.get(name, 1.0)
+                elif share != job.share and job.placement:
+                    job.choose_batch()  # packed or unpacked in place: memory cap changes
             self._alloc = new
             self._packed = packed
         # Busy GPUs: a GPU shared by a packed pair counts once.

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from coadapt.goodput import BatchLimits
 from coadapt.policies import ClusterSnapshot, NodeInfo, make_policy
 from coadapt.policies.exact import exact_optimum
 from coadapt.policies.pollux import DEFAULT_LEVERS, PolluxPolicy, PolluxUnawarePolicy
@@ -116,7 +117,8 @@ def test_first_allocation_and_growth_follow_the_levers() -> None:
 
 def _packing_snapshot(pair: bool, free_gpu: bool = False) -> ClusterSnapshot:
     nodes = (NodeInfo("a", 2 if free_gpu else 1, "t4"),)
-    small = {"max_replicas": 1, "max_gpus_held": 1}
+    # A batch range that fits in half the GPU's memory: packing costs no goodput here.
+    small = {"max_replicas": 1, "max_gpus_held": 1, "limits": BatchLimits(64, 128, 8, 256)}
     jobs = {
         "host": toy_job("host", packing_key="cifar", **small),
         "guest": toy_job("guest", packing_key="ncf", submit_time=100.0, **small),

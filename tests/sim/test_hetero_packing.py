@@ -114,3 +114,24 @@ def test_packing_workload_is_deterministic_and_one_gpu() -> None:
     assert all(j.num_replicas == 1 for j in a.jobs)
     assert [j.submit_time for j in a.jobs] == sorted(j.submit_time for j in a.jobs)
     assert packing_workload(seed=6) != a
+
+
+def _adaptive_batches(packed: dict[str, str], steps: int) -> tuple[dict[str, int], ClusterSnapshot]:
+    rows = ("a,0,cifar10,1,128", "b,0,cifar10,1,128")
+    policy = _Scripted({"a": (1,), "b": (1,)} if packed else {"a": (1,)}, packed)
+    policy.batch_mode = BatchMode.ADAPTIVE
+    sim = Simulator(parse_workload(_workload(*rows), "w.csv"), parse_cluster("1x1"), policy)
+    for _ in range(steps):
+        sim.step()
+    assert policy.last is not None
+    return {j.spec.name: j._total for j in sim._jobs}, policy.last
+
+
+def test_a_packed_adaptive_job_keeps_its_batch_within_the_memory_rule() -> None:
+    half = 1024 // 2  # cifar10's largest traced per-GPU batch, halved
+    alone, _ = _adaptive_batches({}, 60)
+    assert alone["a"] > half  # alone, the agent grows past what two jobs on one GPU fit
+    shared, snap = _adaptive_batches({"a": "b"}, 60)
+    assert 0 < shared["a"] <= half and 0 < shared["b"] <= half
+    # ... so the pair stays packable: the next round may keep it without a restart.
+    assert snap.jobs["a"].packing_key == snap.jobs["b"].packing_key == "cifar10"
