@@ -13,6 +13,10 @@ TORCH_PIN ?= torch==2.13.0
 # Where the CPU wheel comes from when pip's configured indexes lack it, e.g.
 # `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` (empty: pip's own config).
 TORCH_INDEX ?=
+# Test processes (pytest-xdist). Most tests wait on the real processes they start, so two
+# workers keep both cores busy; each test file stays on one worker (module fixtures are
+# started once). `make test TEST_WORKERS=0` runs the suite in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint typecheck bench clean
 
@@ -36,7 +40,7 @@ test: $(STAMP)
 	$(BIN)/ruff check coadapt tests benchmarks examples
 	$(BIN)/ruff format --check coadapt tests benchmarks examples
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 lint: $(STAMP)
 	$(BIN)/ruff check coadapt tests benchmarks examples
