@@ -15,7 +15,8 @@ TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX ?=
 # Test processes (pytest-xdist). Most tests wait on the real processes they start, so two
 # workers keep both cores busy; each test file stays on one worker (module fixtures are
-# started once). `make test TEST_WORKERS=0` runs the suite in one process.
+# started once). Tests marked `serial` (timing-sensitive: steps lost to a kill, ranks
+# agreeing on a stop) run afterwards, alone. `make test TEST_WORKERS=0`: one process.
 TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint typecheck bench clean
@@ -40,7 +41,12 @@ test: $(STAMP)
 	$(BIN)/ruff check coadapt tests benchmarks examples
 	$(BIN)/ruff format --check coadapt tests benchmarks examples
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+ifeq ($(TEST_WORKERS),0)
+	$(BIN)/python -m pytest -q
+else
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
+endif
 
 lint: $(STAMP)
 	$(BIN)/ruff check coadapt tests benchmarks examples

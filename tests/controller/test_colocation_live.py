@@ -31,7 +31,9 @@ from coadapt.service import ServerOptions, build
 from coadapt.sim.gpu_types import colocation_table
 from tests.controller.test_api import SyncASGI
 
-pytestmark = pytest.mark.timeout(60)
+# Serial: a live packing round is timing-sensitive (`make test` runs it after the parallel
+# part, alone).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "colocation_gavel.json"

@@ -34,6 +34,10 @@ from coadapt.sparse.server import OP_SAVE, launch_servers
 from coadapt.sparse.stream import FileProducer
 from tests.requirements import unavailable
 
+# Timing-sensitive (steps lost, ranks agreeing, packing rounds): `make test` runs these
+# after the parallel part, alone on the machine.
+pytestmark = pytest.mark.serial
+
 N_FIELDS = 26
 
 

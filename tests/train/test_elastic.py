@@ -13,7 +13,11 @@ import pytest
 
 from .helpers import ROOT, TINY, _env, launch, read_log
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+# Serial: timing-sensitive (`make test` runs these after the parallel part, alone).
+pytestmark = [
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
+    pytest.mark.serial,
+]
 
 
 def steps(records: list[dict]) -> list[dict]:

@@ -35,6 +35,10 @@ from coadapt.train.model import (
 )
 from tests.train.helpers import ROOT, _env, launch, read_log
 
+# Timing-sensitive (steps lost, ranks agreeing, packing rounds): `make test` runs these
+# after the parallel part, alone on the machine.
+pytestmark = pytest.mark.serial
+
 CRASH = Path(__file__).resolve().parent / "scripts" / "crash_train.py"
 
 

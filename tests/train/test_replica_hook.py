@@ -10,7 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .helpers import ROOT, _env, launch, read_log
+
+# Timing-sensitive (steps lost, ranks agreeing, packing rounds): `make test` runs these
+# after the parallel part, alone on the machine.
+pytestmark = pytest.mark.serial
 
 PGNS = ROOT / "examples" / "pgns_linear.py"
 
