@@ -108,7 +108,10 @@ def test_no_command_shows_the_help_and_exits_2(capsys: pytest.CaptureFixture[str
 
 
 def test_shell_completion_script_and_completions() -> None:
-    script = _run([sys.executable, "-m", "coadapt.cli", "--show-completion", "bash"])
+    # Typer otherwise detects the shell from the parent processes (``sh`` under `make`'s
+    # recipe shell: "Shell sh not supported") and ignores the one named here.
+    named = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    script = _run([sys.executable, "-m", "coadapt.cli", "--show-completion", "bash"], named)
     assert script.returncode == 0 and "_COADAPT_COMPLETE" in script.stdout
     # What bash asks for `coadapt t<TAB>` and `coadapt ls --st<TAB>`.
     words = _complete(["coadapt", "t"], 1)
