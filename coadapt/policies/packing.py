@@ -177,6 +177,8 @@ def choose_packing(
         and job.min_replicas <= 1
         and not any(free.get(t, 0) > 0 for t in free if job.allows(t))
     ]
+    if not waiting or not hosts:
+        return {}  # nothing to pair: skip pricing every job's half-memory goodput (2 fits each)
     before = previous or {}
     memory = {name: half_memory_factor(snapshot.jobs[name]) for name in waiting}
     memory.update((name, half_memory_factor(snapshot.jobs[name])) for name, _, _ in hosts)
