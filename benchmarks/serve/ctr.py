@@ -33,6 +33,8 @@ tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
 7. **Profile** (``_profile``, in process, no server): one request through a worker's predict
    path stage by stage, and an interleaved A/B/C/D of the look-up paths (:func:`profile_main`).
    ``_probe``: ns per key of one table's probe, numpy path vs compiled (:func:`probe_main`).
+   ``_stages``: the request's stages before and after ``ShardedTable.pool_sum`` and an
+   interleaved old/new A/B of the whole request (:func:`stages_main`).
    Both take ``--huge-pages off,inside,...`` (``_profile`` also ``packed``): a twin table per
    further mode, read by its own interleaved arm (the huge-page A/B of ``docs/serve.md``).
 
@@ -57,7 +59,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,10 +176,22 @@ def start_server(
 
 
 def open_loop(
-    port: int, body: bytes, ctype: str, rate: float, duration: float, conns: int = 8
+    port: int,
+    bodies: Sequence[bytes],
+    ctype: str,
+    rate: float,
+    duration: float,
+    conns: int = 8,
 ) -> list[tuple[float, float, float, int, str]]:
-    """Send ``rate`` requests/s for ``duration`` s on ``conns`` keep-alive connections; per
-    request (scheduled time, client latency s, server ms, status, version)."""
+    """Send ``rate`` requests/s for ``duration`` s on ``conns`` keep-alive connections,
+    request ``i`` carrying ``bodies[i % len(bodies)]``; per request (scheduled time, client
+    latency s, server ms, status, version).
+
+    Why several bodies: one body sent over and over keeps its 100k IDs' hash slots and rows in
+    the CPU caches, so the server would answer from cache what a real stream of users makes it
+    fetch from DRAM (``--ctr-bodies``)."""
+    if not bodies:
+        raise ValueError("open_loop needs at least one request body")
     n = max(1, int(rate * duration))
     start = time.perf_counter() + 0.05
     sched = [start + i / rate for i in range(n)]
@@ -191,8 +205,10 @@ def open_loop(
             with lock:
                 if nxt[0] >= n:
                     break
-                t = sched[nxt[0]]
+                i = nxt[0]
+                t = sched[i]
                 nxt[0] += 1
+            body = bodies[i % len(bodies)]
             wait = t - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
@@ -388,7 +404,10 @@ def run_big(
                 )
                 log(json.dumps(out[-1]))
 
-                body = ctr_body(rows_total, rng, shared=args.ctr_shared)
+                body = [
+                    ctr_body(rows_total, rng, shared=args.ctr_shared)
+                    for _ in range(args.ctr_bodies)
+                ]
                 rate_rows, best = sweep(srv, body, args, "ctr-200x500", log)
                 out += rate_rows
                 # an incremental version: 1 % of the rows, then live
@@ -450,7 +469,11 @@ def run_big(
 
 
 def sweep(
-    srv: Served, body: bytes, args: argparse.Namespace, prefix: str, log: Callable[[str], None]
+    srv: Served,
+    body: Sequence[bytes],
+    args: argparse.Namespace,
+    prefix: str,
+    log: Callable[[str], None],
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Open-loop load at each of ``--ctr-rates``: a row per rate (``PREFIX-r<rate>``) and a
     summary row (``PREFIX``: the highest rate whose server-side p99 <= 10 ms)."""
@@ -483,7 +506,7 @@ def sweep(
 
 
 def during_delta(
-    srv: Served, root: Path, version: str, body: bytes, rate: float,
+    srv: Served, root: Path, version: str, body: Sequence[bytes], rate: float,
     args: argparse.Namespace, name: str, log: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
     """Server-side p99 while ``version`` (a delta) goes live vs the steady p99 before it, in
@@ -525,7 +548,7 @@ def during_delta(
 
 
 def run_sharded(
-    args: argparse.Namespace, work: Path, root: Path, body: bytes, rows_total: int,
+    args: argparse.Namespace, work: Path, root: Path, body: Sequence[bytes], rows_total: int,
     unsharded_rss: list[int], swap_rate: float, log: Callable[[str], None],
     next_delta: Callable[[int], str],
 ) -> list[dict[str, Any]]:  # fmt: skip
@@ -1064,6 +1087,180 @@ def profile_main(argv: list[str]) -> int:
     return 0
 
 
+def stages_main(argv: list[str]) -> int:
+    """One 200 x 500 request through the worker's path, stage by stage, the serving look-up
+    before and after ``ShardedTable.pool_sum`` (median / p99 / min ms per stage), then an
+    interleaved A/B of the whole request (decode, forward, encode): ``old`` = the served module
+    as it ran before (``take``: split by shard, probe + row copy, ``embedding_bag``), ``new`` =
+    the served module (probe + pooling compiled, no row copy). Blocks of ``--iters`` requests
+    alternate (old first in even pairs), scores compared bit for bit; the load average is in
+    the last row.
+
+        python benchmarks/serve/ctr.py _stages --rows 50000000 --iters 200 --pairs 4
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from coadapt.serve import codec
+    from coadapt.serve.models import CtrRanker
+    from coadapt.serve.sparse_model import (
+        ShardedTable,
+        SparseView,
+        TableStore,
+        _by_shard,
+        _item_blocks,
+        _swap_embeddings,
+    )
+    from coadapt.sparse import _serve_lookup
+    from coadapt.sparse.embedding import ids_to_numpy
+    from coadapt.sparse.server import SHARD_SALT
+
+    p = argparse.ArgumentParser(prog="ctr.py _stages")
+    p.add_argument("--rows", type=int, default=5_000_000)
+    p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--iters", type=int, default=200, help="requests per stage run and A/B block")
+    p.add_argument("--pairs", type=int, default=4, help="old/new blocks of the A/B")
+    p.add_argument("--bodies", type=int, default=20, help="distinct requests cycled through")
+    p.add_argument("--shared", type=float, default=0.0, help="as --ctr-shared")
+    p.add_argument("--huge-pages", default="packed", help="as _profile's first mode")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    if _serve_lookup.probe_rows is None or _serve_lookup.pool_rows is None:
+        p.error("the compiled kernels are unavailable (numba absent or COADAPT_NO_JIT set)")
+
+    def log(msg: str) -> None:
+        print(f"[ctr-stages {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    torch.set_num_threads(1)  # as a worker runs (--threads 1)
+    table: ShardedTable = _served_tables(a.rows, a.dim, a.shards, log, a.huge_pages)
+    view = SparseView({"ctr": table})
+    model = CtrRanker(FEATURES, GROUPS, a.dim, HIDDEN, store=TableStore(view))
+    _swap_embeddings(model, view)
+    model.eval()
+    table.pool_sum(np.zeros(1, np.uint64), np.empty(0, np.int64), 1)  # compile before timing
+    rng = np.random.default_rng(1)
+    bodies = [ctr_body(a.rows, rng, shared=a.shared) for _ in range(a.bodies)]
+    bag = FEATURES // GROUPS
+
+    def decode(body: bytes) -> torch.Tensor:
+        ids = codec.decode_arrays(body)[0].view(np.int64)
+        return torch.from_numpy(np.concatenate([ids]))  # the batcher's concatenation
+
+    def encode(out: torch.Tensor) -> bytes:
+        return codec.encode_arrays([np.ascontiguousarray(out.numpy(), dtype=np.float32)])
+
+    def old_forward(x: torch.Tensor) -> torch.Tensor:  # ServingEmbedding before pool_sum
+        arr = ids_to_numpy(x.reshape(-1, bag))
+        found = _item_blocks(arr)
+        if found is None:
+            buf, at = table.take(arr.reshape(-1))
+        else:
+            buf, at = table.take(found[0])
+            at = at[found[1]]
+        pooled = F.embedding_bag(
+            torch.from_numpy(at).view(-1, bag), torch.from_numpy(buf), mode="sum"
+        )
+        return model.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
+
+    stages: dict[str, list[float]] = {}
+    ab: dict[str, list[list[float]]] = {"old": [], "new": []}
+    load0 = os.getloadavg()[0]
+    with torch.inference_mode():
+        for it in range(a.iters + 5):
+            t = [time.perf_counter()]
+            x = decode(bodies[it % len(bodies)])
+            t.append(time.perf_counter())
+            arr = ids_to_numpy(x.reshape(-1, bag))
+            flat = arr.reshape(-1)
+            found = _item_blocks(arr)
+            keys, back = (flat, np.empty(0, np.int64)) if found is None else found
+            t.append(time.perf_counter())
+            sel = _by_shard(keys, a.shards)
+            t.append(time.perf_counter())
+            for s, ix in enumerate(sel):
+                table.bases[s].lookup(keys[ix])
+            t.append(time.perf_counter())
+            buf, at = table.take(keys)  # split + probe + row copy
+            t.append(time.perf_counter())
+            F.embedding_bag(torch.from_numpy(at if found is None else at[back]).view(-1, bag),
+                            torch.from_numpy(buf))  # fmt: skip
+            t.append(time.perf_counter())
+            refs = np.empty(keys.size, np.int64)
+            _serve_lookup.probe_rows(keys, SHARD_SALT, a.shards, *table._geometry(), refs)
+            t.append(time.perf_counter())
+            pooled = np.empty((flat.size // bag, a.dim), np.float32)
+            _serve_lookup.pool_rows(refs, back, bag, a.dim, pooled)
+            t.append(time.perf_counter())
+            out = model.mlp(torch.from_numpy(pooled).reshape(x.shape[0], -1)).squeeze(1)
+            t.append(time.perf_counter())
+            encode(out)
+            t.append(time.perf_counter())
+            if it < 5:
+                continue
+            names = [
+                "decode + concatenation", "IDs + shared-ID search", "old: split by shard",
+                "old: probe (probe_keys per shard)", "old: split + probe + row copy (take)",
+                "old: embedding_bag", "new: probe of every shard (probe_rows)",
+                "new: pooling from the tables (pool_rows)", "mlp", "encode",
+            ]  # fmt: skip
+            for name, v in zip(names, np.diff(t) * 1e3, strict=True):
+                stages.setdefault(name, []).append(float(v))
+        for b in bodies:
+            if not torch.equal(old_forward(decode(b)), model(decode(b))):
+                raise AssertionError("old and new paths scored differently")
+        for pair in range(a.pairs):
+            for arm in ("old", "new") if pair % 2 == 0 else ("new", "old"):
+                fn = old_forward if arm == "old" else model
+                times = []
+                for it in range(a.iters):
+                    t0 = time.perf_counter()
+                    encode(fn(decode(bodies[it % len(bodies)])))
+                    times.append((time.perf_counter() - t0) * 1e3)
+                ab[arm].append(times)
+            log(f"pair {pair}: old p50 {np.median(ab['old'][-1]):.2f} ms, new p50 "
+                f"{np.median(ab['new'][-1]):.2f} ms, load {os.getloadavg()[0]:.2f}")  # fmt: skip
+
+    def summary(v: list[float]) -> dict[str, float]:
+        arr = np.array(v)
+        return {
+            "p50_ms": round(float(np.median(arr)), 3),
+            "p99_ms": round(float(np.percentile(arr, 99)), 3),
+            "min_ms": round(float(arr.min()), 3),
+        }
+
+    rows: list[dict[str, Any]] = [
+        {"name": f"ctr-stage {k}", **summary(v)} for k, v in stages.items()
+    ]
+    old = np.concatenate(ab["old"])
+    new = np.concatenate(ab["new"])
+    rows += [
+        {"name": f"ctr-request-{k}", **summary(list(v))} for k, v in (("old", old), ("new", new))
+    ]
+    rows.append(
+        {
+            "name": "ctr-stages-ab",
+            "old_over_new_p50": round(float(np.median(old) / np.median(new)), 3),
+            "old_over_new_p99": round(float(np.percentile(old, 99) / np.percentile(new, 99)), 3),
+            "pair_p50_ratios": [
+                round(float(np.median(o) / np.median(n)), 3)
+                for o, n in zip(ab["old"], ab["new"], strict=True)
+            ],
+            "rows": a.rows,
+            "shared": a.shared,
+            "iters": a.iters,
+            "pairs": a.pairs,
+            "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        }
+    )
+    for r in rows:
+        print(json.dumps(r))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"rows": rows}, indent=1))
+    return 0
+
+
 @contextlib.contextmanager
 def kernels_off() -> Iterator[None]:
     """The numpy path of the table and the shard split inside the block (same process, for
@@ -1219,6 +1416,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="share of each item's features that are the same IDs in every item (user, context)",
     )
+    p.add_argument(
+        "--ctr-bodies",
+        type=int,
+        default=32,
+        help="distinct requests the load cycles through (one keeps its rows in the CPU caches)",
+    )
     p.add_argument("--ctr-swap-rate", type=float, default=0.0, help="rate while applying (0: auto)")
     p.add_argument("--fresh-plants", type=int, default=3)
     p.add_argument("--fresh-publish-s", type=float, default=2.0)
@@ -1231,6 +1434,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.ctr_bodies < 1:
+        raise SystemExit(f"--ctr-bodies: {args.ctr_bodies} is invalid; give 1 or more requests")
     work = Path(tempfile.mkdtemp(prefix="coadapt-ctr-bench-"))
     skip = set(filter(None, args.ctr_skip.split(",")))
 
@@ -1256,6 +1461,8 @@ def main(argv: list[str] | None = None) -> int:
         return trainer_main(argv[1:])
     if argv[:1] == ["_profile"]:
         return profile_main(argv[1:])
+    if argv[:1] == ["_stages"]:
+        return stages_main(argv[1:])
     if argv[:1] == ["_probe"]:
         return probe_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

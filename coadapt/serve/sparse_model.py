@@ -10,7 +10,8 @@ torch ops on the same values as training, so predictions are bit-for-bit the tra
 without a row gets the zero embedding, as an ID that is not admitted yet does in training. The
 rows are not put back in request order: :meth:`ShardedTable.take` copies each shard's found
 rows once into one buffer (with a zero row at its end) and ``embedding_bag`` reads them through
-the positions it returns.
+the positions it returns; a sum-pooled embedding copies no row at all
+(:meth:`ShardedTable.pool_sum` sums them straight from the tables, bit for bit the same).
 
 **Live deltas.** A :class:`SparseView` is what one served version sees: per table, the shards'
 base tables and, while a delta is being merged, an *overlay* per shard holding the delta's rows
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coadapt.serve.artifacts import ArtifactError, IntegrityError, Manifest, _import_factory
-from coadapt.sparse import _probe
+from coadapt.sparse import _probe, _serve_lookup
 from coadapt.sparse._hashing import as_u64_keys
 from coadapt.sparse.embedding import SparseEmbedding, SparseEmbeddingCollection, ids_to_numpy
 from coadapt.sparse.export import DeltaTable
@@ -72,6 +73,8 @@ cycle): requests arriving meanwhile see at most one step, and the merge takes at
 quarter of the core while it lasts (measured at 50 %: p99 during a delta rose towards 2x
 from the merge alone, as an 800 KB body's reads interleave with the steps)."""
 
+
+_NO_BACK: I64 = np.empty(0, np.int64)  # pool_sum's "positions are the keys themselves"
 
 EXTRA_SEGMENTS = 1024
 """Segments of a shard's table of added rows: a growth step re-places 1/1024 of it."""
@@ -253,6 +256,72 @@ class ShardedTable:
         kernels are available: :meth:`EmbeddingTable.take_found`)."""
         return table.take_found(keys, buf, pos, off, at)
 
+    def pool_sum(self, keys: U64, back: I64, bag: int) -> F32 | None:
+        """``embedding_bag(mode="sum")`` of this table's rows, bit for bit, without copying a
+        row: position ``p`` (of ``back.size`` positions, or ``keys.size`` when ``back`` is
+        empty) reads the row of ``keys[back[p]]`` (``keys[p]``), and bag ``b`` sums positions
+        ``b * bag`` to ``b * bag + bag - 1``. None where the compiled kernels are absent or a
+        delta is being merged (an overlay): the caller takes :meth:`take`'s path then.
+
+        Why: one compiled pass finds every key's row in its shard's base table, with ~32
+        cache misses in flight and no split by shard, and the pooling reads each row once
+        from the table (:mod:`coadapt.sparse._serve_lookup`; figures in docs/serve.md). Keys
+        absent from a base table are then looked for in their shard's extras (rows added by
+        deltas), as :meth:`_take_shard` does."""
+        probe, pool = _serve_lookup.probe_rows, _serve_lookup.pool_rows
+        n = back.size if back.size else keys.size
+        if probe is None or pool is None or bag < 1 or n == 0 or n % bag:
+            return None
+        if any(ov is not None for ov in self.overlays):
+            return None
+        arenas = [b.row_arena() for b in self.bases]
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arenas):
+            return None  # pragma: no cover - every table's row array is C-contiguous float32
+        k = np.ascontiguousarray(as_u64_keys(keys))  # int64 IDs: the same bits
+        geo = self._geometry()
+        refs = np.empty(k.size, np.int64)
+        # the tables stay alive and unchanged during the call: rows are read by address
+        missing = probe(k, SHARD_SALT, len(self.bases), *geo, refs)
+        if missing and any(e is not None and len(e) for e in self.extras):
+            self._refs_from_extras(k, refs)
+        out = np.empty((n // bag, self.dim), np.float32)
+        pool(refs, np.ascontiguousarray(back, np.int64), bag, self.dim, out)
+        return out
+
+    def _geometry(self) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64]:
+        """What :func:`~coadapt.sparse._serve_lookup.probe_rows` needs of the base tables:
+        addresses of their slot keys and rows, row strides, every table's bucket counts
+        (concatenated) and where each table's begin, bucket strides, shifts, second-bucket
+        bits."""
+        bs = self.bases
+        nb = [b._nb for b in bs]
+        at = np.cumsum([0] + [x.size for x in nb[:-1]])
+        return (
+            np.array([b._keys.ctypes.data for b in bs], np.int64),
+            np.array([b.row_arena().ctypes.data for b in bs], np.int64),
+            np.array([b.row_arena().strides[0] for b in bs], np.int64),
+            np.ascontiguousarray(np.concatenate(nb), np.int64),
+            np.asarray(at, np.int64),
+            np.array([b._seg_buckets for b in bs], np.int64),
+            np.array([b._shift for b in bs], np.int64),
+            np.array([b._b2_bits for b in bs], np.int64),
+        )
+
+    def _refs_from_extras(self, keys: U64, refs: I64) -> None:
+        """Row addresses, in each shard's extras, of the keys without a base row
+        (``refs == 0``)."""
+        miss = np.flatnonzero(refs == 0)
+        nsh = len(self.bases)
+        sh = shard_of(keys[miss], nsh) if nsh > 1 else np.zeros(miss.size, np.int64)
+        for s, extra in enumerate(self.extras):
+            if extra is None or not len(extra):
+                continue
+            sel = miss[sh == s]
+            idx = extra.lookup(keys[sel])
+            hit = idx >= 0
+            arena = extra.row_arena()
+            refs[sel[hit]] = arena.ctypes.data + idx[hit] * arena.strides[0]
+
     def _one(self, s: int, keys: U64) -> F32:
         buf = np.empty((keys.size + 1, self.dim), np.float32)
         buf[keys.size] = 0.0
@@ -308,7 +377,10 @@ class SparseView:
         """A view of a :class:`~coadapt.serve.sparse_artifacts.SparseTables` (no overlays);
         compiles (or loads from the disk cache) the probe kernels before the first request."""
         _probe.warm()
-        return cls({n: ShardedTable(n, loaded.dims[n], ts) for n, ts in loaded.shards.items()})
+        view = cls({n: ShardedTable(n, loaded.dims[n], ts) for n, ts in loaded.shards.items()})
+        for t in view.tables.values():  # the pooling kernels, typed for this shard count
+            t.pool_sum(np.zeros(1, np.uint64), _NO_BACK, 1)
+        return view
 
 
 class TableStore:
@@ -391,6 +463,11 @@ class ServingEmbedding(nn.Module):
         arr = ids_to_numpy(ids)
         flat = arr.reshape(-1)
         shared = _item_blocks(arr) if ids.dim() == 2 and offsets is None else None
+        if ids.dim() == 2 and offsets is None and self.mode == "sum" and ids.shape[1]:
+            # no row copied, no index array: probe and pool in compiled passes (exact)
+            pooled = self._pooled(flat, shared, ids.shape[1])
+            if pooled is not None:
+                return torch.from_numpy(pooled)
         if shared is None:
             buf, at = _rows_and_positions(self.table, flat)
         else:  # IDs repeated by every item looked up once
@@ -405,6 +482,14 @@ class ServingEmbedding(nn.Module):
         if ids.dim() == 2:
             return F.embedding_bag(pos.view(ids.shape), rows, mode=self.mode)
         raise ValueError(f"ids must be (B,), (B, L) or 1-D with offsets, got {tuple(ids.shape)}")
+
+    def _pooled(self, flat: U64, shared: tuple[U64, I64] | None, bag: int) -> F32 | None:
+        """The sum of each bag of ``bag`` IDs by :meth:`ShardedTable.pool_sum`; None where it
+        does not apply (rows from table-shard processes, no kernels, a delta being merged)."""
+        if not isinstance(self.table, ShardedTable):
+            return None
+        keys, back = (flat, _NO_BACK) if shared is None else shared
+        return self.table.pool_sum(keys, back, bag)
 
 
 class ServingEmbeddingCollection(nn.Module):
