@@ -34,11 +34,12 @@ wall clock is mostly other processes' time slices, and ``cpu_s`` is what it cost
 
 Output: ``{"rows": [...], "summary": {...}, "table": [...]}``, one row per trial with
 ``workload, replicas, mode, initial, seed, tta_s, cpu_s, steps, samples, reached`` (+ the
-batch sizes the job used), the table with medians and spreads per (workload, replicas,
-mode), and the summary with the goals (adaptive <= 1.0x the best fixed mode, <= 0.7x the
-initial batch; in wall and in CPU seconds) and, unless ``--skip-overhead``, the overhead
-figures of ``train_bench.py`` (interleaved repeats, bootstrap interval, instructions per
-step).
+batch sizes the job used; ``changes``, ``[steps, samples, new batch, φ]`` at every change, and
+``gate_step``, where the adaptive job's noise gate opened), the table with medians and
+spreads per (workload, replicas, mode), and the summary with the goals (adaptive <= 1.0x
+the best fixed mode, <= 0.7x the initial batch; in wall and in CPU seconds) and, unless
+``--skip-overhead``, the overhead figures of ``train_bench.py`` (interleaved repeats,
+bootstrap interval, instructions per step).
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
 
     import coadapt.train as ct
     from coadapt.goodput import lr_factor
+    from coadapt.goodput.agent import MIN_MEASUREMENTS
 
     train, xte, yte, make = built
     fixed, rule = parse_mode(mode)
@@ -209,6 +211,10 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
     cpu = 0.0  # process CPU seconds of training (all threads: gloo's all-reduce work too)
     acc, reached = 0.0, False
     batches: list[int] = [loader.batch_size]
+    # (steps, samples, new batch, φ) at every batch change, and the step at which the
+    # noise gate opened: where an adaptive job's steps went (issue 19)
+    changes: list[tuple[int, int, int, float]] = []
+    gate_step: int | None = None
     curve: list[tuple[int, float]] = []  # (samples, accuracy) at every evaluation
     started, cpu_started = time.perf_counter(), time.process_time()
 
@@ -239,6 +245,9 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
         samples += len(loader.last_global_indices)
         if loader.batch_size != batches[-1]:
             batches.append(loader.batch_size)
+            changes.append((model.steps, samples, loader.batch_size, round(model.pgns, 1)))
+        if gate_step is None and fixed is None and model.gns.count >= MIN_MEASUREMENTS:
+            gate_step = model.steps
         if samples >= next_eval or samples >= w.budget:
             trained += time.perf_counter() - started
             cpu += time.process_time() - cpu_started
@@ -262,6 +271,8 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
         "metric": w.metric,
         "value": round(acc, 4),
         "batches": batches,
+        "changes": changes,
+        "gate_step": gate_step,
         "curve": curve,
         "lr": lr,
     }

@@ -13,8 +13,9 @@ must run the very same rule or its results describe an agent that does not ship:
   micro-batch size (``explore``): then the throughput model's split of the step time into
   fixed and per-sample cost is a prior, not a measurement, and on the examples it predicted
   2-4% for growing, so the threshold kept jobs at M0 for good (issue 19). When the optimum
-  is larger, the edge of the trust region (2x) is then tried at once: one more size, far
-  enough from the first, is what lets the fit learn the split;
+  is larger, the edge of the trust region (2x) is then tried at once, if the prior does not
+  price it below the current batch: one more size, far enough from the first, is what lets
+  the fit learn the split;
 * **evidence before retreat**: the job shrinks its batch only once the current (m, s) has
   ``MIN_TIMED_TO_SHRINK`` timed steps (``timed_steps``). A new size is re-tuned after 6 timed
   steps; on a loaded machine all 6 can land in another process's burst (a 209-sample step
@@ -23,7 +24,15 @@ must run the very same rule or its results describe an agent that does not ship:
   (issue 19). 32 steps fill the profile's window of recent steps (its lower quartile then
   ignores up to 24 interrupted ones); 16 still let 2-replica jobs on a loaded machine shrink
   320 -> 132. Growing needs no such wait: the trust region bounds it, and a grown job that
-  measures badly shrinks once the evidence holds.
+  measures badly shrinks once the evidence holds;
+* **a noise band**: the job explores past its first size only if the optimum is still larger
+  with φ read low (|G|² and tr Σ moved ``NOISE_CONFIDENCE`` standard errors against growing,
+  as the noise EMA reports them in ``GradParams.sqr_err``/``var_err``), and shrinks only if
+  it is still smaller with φ read high; in between the estimate cannot tell, and the job
+  keeps its batch. On the digits CNN the first readings gave φ = 324-903 (brute force
+  30-44): jobs explored 2x, paid for a batch whose samples were worth less, then shrank
+  back when φ settled (issue 19). With errors of 0 (the simulator's exact φ) the centre
+  decides, as before.
 
 The library also bounds M by its data set (:func:`epoch_limits`): at least
 ``MIN_STEPS_PER_EPOCH`` optimizer steps per epoch. The goodput model knows the training
@@ -44,7 +53,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from coadapt.goodput.model import BatchLimits, GoodputModel, should_adopt
+from coadapt.goodput.model import BatchChoice, BatchLimits, GoodputModel, GradParams, should_adopt
 
 #: Noise measurements before the batch size may change (the shipped agent's gate).
 MIN_MEASUREMENTS = 8
@@ -56,6 +65,8 @@ ADOPT_THRESHOLD = 0.05
 MIN_TIMED_TO_SHRINK = 32
 #: Optimizer steps per epoch that the total batch must leave (a bound on M for small data).
 MIN_STEPS_PER_EPOCH = 8
+#: Standard errors of the noise estimate a batch change must hold by (0: act on the centre).
+NOISE_CONFIDENCE = 1.0
 
 
 class Reason(str, Enum):
@@ -116,6 +127,25 @@ def epoch_limits(limits: BatchLimits, dataset_size: int) -> BatchLimits:
     return replace(limits, max_batch_size=max(min(limits.max_batch_size, cap), 1))
 
 
+def noise_readings(model: GoodputModel, confidence: float) -> tuple[GoodputModel, GoodputModel]:
+    """``model`` with φ read low and read high: |G|² and tr Σ moved ``confidence`` standard
+    errors apart (|G|² floored at 0, i.e. φ = ∞). Both are ``model`` when the errors are 0.
+    """
+    g = model.grad
+    if g.sqr_err == 0 and g.var_err == 0:
+        return model, model
+    low = GradParams(sqr=g.sqr + confidence * g.sqr_err, var=max(g.var - confidence * g.var_err, 0))
+    high = GradParams(
+        sqr=max(g.sqr - confidence * g.sqr_err, 0), var=g.var + confidence * g.var_err
+    )
+    return replace(model, grad=low), replace(model, grad=high)
+
+
+def _size(opt: BatchChoice) -> int:
+    """M / K of an optimum: m (s + 1), to compare with the current configuration's."""
+    return int(opt.local_bsz) * (int(opt.accum_steps) + 1)
+
+
 def choose_batch(
     model: GoodputModel | None,
     limits: BatchLimits,
@@ -129,6 +159,7 @@ def choose_batch(
     threshold: float = ADOPT_THRESHOLD,
     explore: bool = False,
     timed_steps: int | None = None,
+    confidence: float = NOISE_CONFIDENCE,
 ) -> AgentChoice:
     """The (m, s) a job on ``nodes``/``replicas`` should train with next (pure).
 
@@ -138,6 +169,8 @@ def choose_batch(
     has timed one micro-batch size only, so a larger optimum is tried without the threshold.
     ``timed_steps``: steps timed at ``current`` (None: as many as needed, e.g. the simulator,
     whose step times are exact); a smaller optimum waits for ``MIN_TIMED_TO_SHRINK``.
+    ``confidence``: standard errors of the noise estimate (``model.grad``'s ``sqr_err``,
+    ``var_err``) by which a move must hold (see :func:`noise_readings`).
     """
     m, s = current
     if model is None:
@@ -149,7 +182,24 @@ def choose_batch(
     if limits.pinned_batch is None and measurements < min_measurements:
         return AgentChoice(m, s, Reason.GATED)
     trusted = trust_limits(limits, replicas * m * (s + 1))
+    # Explore from the first size only if φ read low still asks for more, shrink only if φ
+    # read high still asks for less; otherwise the estimate cannot tell, so keep (the
+    # optimum grows with φ, so the centre's direction says which reading to check; with
+    # exact φ, the centre decides). Growing from a timed size follows the centre: the trust
+    # region bounds it, and with the low reading a teacher MLP job grew 64 -> 128 at its
+    # follow-up in 4-7 of 12 runs instead of 9, then waited ~200 steps at 64 (issue 19).
     opt = model.optimize(nodes, replicas, trusted)
+    size = m * (s + 1)
+    if _size(opt) != size:
+        low, high = noise_readings(model, confidence)
+        bound = (low if explore else model) if _size(opt) > size else high
+        if bound is not model:
+            robust = bound.optimize(nodes, replicas, trusted)
+            if (_size(robust) - size) * (_size(opt) - size) <= 0:
+                cur_good = float(model.goodput(nodes, replicas, m, s))
+                best = (int(opt.local_bsz), int(opt.accum_steps))
+                return AgentChoice(m, s, Reason.KEPT, best, float(opt.goodput), cur_good)
+            model, opt = bound, robust
     best = (int(opt.local_bsz), int(opt.accum_steps))
     best_good = float(opt.goodput)
     cur_good = float(model.goodput(nodes, replicas, m, s))
@@ -157,13 +207,16 @@ def choose_batch(
     if explore and larger and trusted.max_batch_size > replicas * m * (s + 1):
         # Explore at the trust region's edge: a second size close to the first (32 -> 40)
         # leaves the fixed/per-sample split to timing noise, and one such fit kept a
-        # 2-replica job at 40 for 3700 steps (issue 19).
+        # 2-replica job at 40 for 3700 steps (issue 19). Only if the prior does not price the
+        # edge below the current batch: an optimum larger "at all" (+0.2% at 35 for the
+        # digits CNN with φ read 39) sent jobs to 2x, which they then paid for and left.
         edge = model.optimize(
             nodes, replicas, replace(trusted, pinned_batch=trusted.max_batch_size)
         )
-        if float(edge.goodput) > 0:  # tried whatever the prior predicts for it
+        if float(edge.goodput) >= cur_good > 0:
             tried = (int(edge.local_bsz), int(edge.accum_steps))
             return AgentChoice(*tried, Reason.ADOPTED, tried, float(edge.goodput), cur_good)
+        return AgentChoice(m, s, Reason.KEPT, best, best_good, cur_good)
     gain = should_adopt(cur_good, best_good, 0.0 if explore and larger else threshold)
     if best != (m, s) and math.isfinite(best_good) and gain:
         smaller = best[0] * (best[1] + 1) < m * (s + 1)

@@ -81,6 +81,11 @@ class GradParams:
 
     sqr: float  # |P g|^2, squared norm of the true (pre-conditioned) gradient
     var: float  # tr(P Σ P^T) of the gradient estimate at batch size M0
+    # Standard errors of the two estimates (0: taken as exact, as the simulator's traces
+    # are). Only the in-job agent reads them (coadapt.goodput.agent), to act on φ only where
+    # its decision does not hinge on the estimate's noise; eq. 7 and 14 use sqr and var.
+    sqr_err: float = 0.0
+    var_err: float = 0.0
 
     def pgns(self, init_batch_size: float) -> float:
         """The gradient noise scale φ in samples (infinite when the gradient vanishes)."""

@@ -97,7 +97,17 @@ def sq_norm(tensors: list[torch.Tensor], pinv: list[torch.Tensor] | None = None)
 
 
 class GradNoiseEMA:
-    """Bias-corrected EMA of |G|² and tr Σ (per sample); yields :class:`GradParams`."""
+    """Bias-corrected EMA of |G|² and tr Σ (per sample), and the standard errors of both;
+    yields :class:`GradParams`.
+
+    One measurement's |G|² is as noisy as the gradient noise itself (a dot product of two
+    noisy halves), so an EMA over ~20 of them can still be off by a multiple: on the digits
+    CNN the first readings gave φ = 324-903 where brute force says 30-44, the agent grew the
+    batch, then shrank it when φ settled (issue 19). The errors let the agent act only on
+    what the estimate can tell apart. The error of a weighted mean Σ wᵢxᵢ / W of readings
+    with variance σ² is σ·sqrt(Σ wᵢ²) / W; σ² is the EMA's own second moment minus its mean²
+    (drift of the true value over the window counts as noise: the errors err wide).
+    """
 
     def __init__(self, smoothing: float = 0.9) -> None:
         if not 0.0 <= smoothing < 1.0:
@@ -108,6 +118,10 @@ class GradNoiseEMA:
         self.weight = 0.0  # 1 - smoothing**count, the bias correction
         self.count = 0
         self._held: tuple[float, float] | None = None  # the last values with |G|² > 0
+        # Σ wᵢ xᵢ² of both readings, and Σ wᵢ², for the standard errors
+        self.sqr2 = 0.0
+        self.trace2 = 0.0
+        self.weight2 = 0.0
 
     def update(self, sqr: float, trace: float) -> None:
         if not (abs(sqr) < float("inf") and abs(trace) < float("inf")):
@@ -116,6 +130,9 @@ class GradNoiseEMA:
         self.sqr = a * self.sqr + (1 - a) * sqr
         self.trace = a * self.trace + (1 - a) * trace
         self.weight = a * self.weight + (1 - a)
+        self.sqr2 = a * self.sqr2 + (1 - a) * sqr * sqr
+        self.trace2 = a * self.trace2 + (1 - a) * trace * trace
+        self.weight2 = a * a * self.weight2 + (1 - a) ** 2
         self.count += 1
         if self.sqr / self.weight > _TINY:
             self._held = (self.sqr / self.weight, max(self.trace / self.weight, 0.0))
@@ -139,11 +156,30 @@ class GradNoiseEMA:
             return sqr, trace
         return self._held if self._held is not None else (_TINY, trace)
 
+    def errors(self) -> tuple[float, float]:
+        """Standard errors of the smoothed (|G|², tr Σ); infinite after one reading (no
+        spread to judge it by)."""
+        if self.count < 2 or self.weight <= 0:
+            return float("inf"), float("inf")
+        share = self.weight2 / (self.weight * self.weight)  # Σ wᵢ² / W²: 1 / n_eff
+
+        def err(first: float, second: float) -> float:
+            mean = first / self.weight
+            return (max(second / self.weight - mean * mean, 0.0) * share) ** 0.5
+
+        return err(self.sqr, self.sqr2), err(self.trace, self.trace2)
+
     def grad_params(self, init_batch_size: int) -> GradParams | None:
         if not self.ready:
             return None
         sqr, trace = self.values()
-        return GradParams(sqr=sqr, var=trace / init_batch_size)
+        sqr_err, trace_err = self.errors()
+        return GradParams(
+            sqr=sqr,
+            var=trace / init_batch_size,
+            sqr_err=sqr_err,
+            var_err=trace_err / init_batch_size,
+        )
 
     def pgns(self) -> float:
         """φ = tr Σ / |G|² in samples (NaN before the first measurement)."""
@@ -160,6 +196,9 @@ class GradNoiseEMA:
             "weight": self.weight,
             "count": self.count,
             "held": list(self._held) if self._held is not None else None,
+            "sqr2": self.sqr2,
+            "trace2": self.trace2,
+            "weight2": self.weight2,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -167,3 +206,8 @@ class GradNoiseEMA:
         self.weight, self.count = float(state["weight"]), int(state["count"])
         held = state.get("held")
         self._held = (float(held[0]), float(held[1])) if held else None
+        # A checkpoint from before the errors were kept: no spread, so errors of 0 (the
+        # estimate taken as exact, as the agent did then) until new readings add spread.
+        self.sqr2 = float(state.get("sqr2", self.sqr * self.sqr / max(self.weight, _TINY)))
+        self.trace2 = float(state.get("trace2", self.trace * self.trace / max(self.weight, _TINY)))
+        self.weight2 = float(state.get("weight2", self.weight * self.weight))

@@ -95,6 +95,8 @@ CHECKPOINT_MIN_GAP = 0.5
 # took 2-5 ms on the cancer MLP, whose steps take ~1 ms: with one every 8 steps (an epoch at
 # batch 53) they were 30% of its training CPU time (issue 19, round 3).
 RETUNE_BUDGET = 0.05
+#: Share of the training time that split noise measurements (K = 1) may cost.
+MEASURE_BUDGET = 0.05
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
@@ -177,6 +179,12 @@ class AdaptiveModel:
         self._followup = -1  # the step of an early re-tune after a batch change
         # no periodic or epoch re-tune before this step (RETUNE_BUDGET; rank 0's verdict)
         self._next_periodic = 0
+        # Re-tune once the noise measurements have doubled since the last re-tune (0: none
+        # yet): O(log steps) re-tunes in all, outside RETUNE_BUDGET. At ~3 ms a re-tune, that
+        # budget spaced periodic ones 80-270 steps apart on sub-millisecond steps, and a job
+        # that kept 64 at step 24 (φ read 81, optimum 71) stayed there while φ grew to 260
+        # for 100-400 steps, most of its run (teacher MLP, issue 19).
+        self._recheck_at = 0
         # Until the noise gate opens the job may not change its batch, so it measures the
         # noise on every step it can (not one in measure_every) and re-tunes the moment the
         # gate opens rather than at the next multiple of retune_every (issue 19).
@@ -189,6 +197,9 @@ class AdaptiveModel:
         # whatever φ is), so only it pays a split step's extra micro-batch to measure it at
         # one replica without accumulation (pieces of K > 1 or s > 0 cost nothing extra).
         self._splits = self._gated
+        # K = 1 without accumulation: steps between split measurements so that their extra
+        # micro-batch costs at most MEASURE_BUDGET of the training time (set at re-tunes)
+        self._split_spacing = 0
         self._perf: PerfParams | None = None  # the last θ_sys fit, and the profile it saw
         self._fit_version: tuple[Any, ...] = ()
         self._stop_pending = False
@@ -223,9 +234,10 @@ class AdaptiveModel:
         other one (a measuring step is split and not timed, so the rest time M0 for the
         first fit).
         """
+        split = self.ddp is None and self.loader.accum_steps == 0
         if not self._gated:
-            return self.measure_every
-        return 2 if self.ddp is None and self.loader.accum_steps == 0 else 1
+            return max(self.measure_every, self._split_spacing) if split else self.measure_every
+        return 2 if split else 1
 
     @property
     def _measuring(self) -> bool:
@@ -518,8 +530,9 @@ class AdaptiveModel:
             and self.steps >= self._next_periodic
             and (self.steps % self.retune_every == 0 or loader.epoch != self._last_epoch)
         )
+        recheck = not self._gated and 0 < self._recheck_at <= self.gns.count
         if self._force_retune or (
-            not settling and (gate_opened or periodic or self.steps == self._followup)
+            not settling and (gate_opened or periodic or recheck or self.steps == self._followup)
         ):
             self._last_epoch = loader.epoch
             self._force_retune = False
@@ -714,6 +727,7 @@ class AdaptiveModel:
             dist.broadcast(t, src=0)
             choice, spacing = (int(t[0]), int(t[1])), int(t[2])
         self._next_periodic = self.steps + spacing
+        self._recheck_at = 2 * self.gns.count
         if choice != (loader.local_bsz, loader.accum_steps):
             loader.set_batch(*choice)
             self._warmup = _WARMUP_STEPS
@@ -731,6 +745,17 @@ class AdaptiveModel:
                 )
             )
         self._update_lr_scale()
+        self._split_spacing = self._measure_spacing()
+
+    def _measure_spacing(self) -> int:
+        """Steps between two split measurements at K = 1: a split step pays one more
+        micro-batch's fixed cost (θ_sys's alpha_grad), which at one in 4 steps made the
+        adaptive machinery cost 16-28% per step on the examples at M0 (issue 19); spaced
+        so that it is at most MEASURE_BUDGET of the step time (0: no fit yet)."""
+        step = self.profile.iter_time(self._key())
+        if self._perf is None or not math.isfinite(step) or step <= 0:
+            return 0
+        return math.ceil(max(self._perf.alpha_grad, 0.0) / (MEASURE_BUDGET * step))
 
     def _retune_spacing(self, cost: float) -> int:
         """Steps before the next periodic re-tune, so that one costing ``cost`` seconds

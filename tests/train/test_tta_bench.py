@@ -54,6 +54,11 @@ def test_a_short_race_writes_rows_with_every_field(tmp_path: Path) -> None:
             assert r["curve"][-1][1] <= WORKLOADS["cancer"].target  # cross-entropy
     fixed32 = next(r for r in rows if r["mode"] == "fixed-32-sqrt")
     assert fixed32["batches"] == [32] and fixed32["lr"] == pytest.approx(1e-3 * 2**0.5)
+    assert fixed32["changes"] == [] and fixed32["gate_step"] is None
+    adaptive = next(r for r in rows if r["mode"] == "adaptive")
+    # where the adaptive job's steps went: (steps, samples, batch, φ) at every change
+    assert [c[2] for c in adaptive["changes"]] == adaptive["batches"][1:]
+    assert all(c[0] >= (adaptive["gate_step"] or 0) for c in adaptive["changes"])
     assert {"goals", "load_before", "race_s"} <= set(res["summary"])
 
 
