@@ -21,7 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
+import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +186,55 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+def merged(rows: list[dict[str, Any]], old: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` plus the rows of ``old`` not re-run here, in table order."""
+    fresh = {_key(r) for r in rows}
+    return sorted([*rows, *(r for r in old if _key(r) not in fresh)], key=_sort_key)
+
+
+def write_report(path: Path, rows: list[dict[str, Any]], started: float) -> None:
+    """Write the report atomically (a temporary file renamed over ``path``), so a reader, or
+    a run killed mid-write, never leaves a truncated JSON behind."""
+    report = {
+        "rows": rows,
+        "averages": averages(rows),
+        "total_wall_s": time.perf_counter() - started,
+        "note": "round_ms_p50 is wall time and depends on the machine's load",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(report, indent=1) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the results from other users
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def collect(
+    results: Iterable[dict[str, Any]],
+    old: list[dict[str, Any]],
+    out: Path | None,
+    started: float,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Gather the finished rows (merged over ``old``), rewriting ``out`` after each one: a
+    full run takes an hour, and a run that is killed keeps the rows it finished."""
+    rows: list[dict[str, Any]] = []
+    for row in results:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+        if out is not None:
+            write_report(out, merged(rows, old), started)
+    result = merged(rows, old)
+    if out is not None:  # also when nothing ran; the final wall time
+        write_report(out, result, started)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
@@ -233,39 +285,26 @@ def main() -> int:
         policies, args.workloads, clusters, not args.no_packing, args.seed, args.pollux_options
     )
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
+    old = json.loads(args.merge.read_text())["rows"] if args.merge is not None else []
     with (
         multiprocessing.get_context("spawn").Pool(args.processes) as pool,
         Progress(console=Console(stderr=True)) as progress,
     ):
         bar = progress.add_task("simulating", total=len(todo))
-        for row in pool.imap_unordered(run_one, todo):
-            rows.append(row)
+
+        def log(row: dict[str, Any]) -> None:
             progress.advance(bar)
             what = f"{row['policy']} {row['workload']} {row['cluster']} pack={row['packing']}"
             if "error" in row:
                 progress.console.log(f"{what}: failed: {row['error']}")
             else:
                 progress.console.log(f"{what}: {row['avg_jct_s'] / 3600:.3f} h")
-    if args.merge is not None:
-        fresh = {_key(r) for r in rows}
-        old = json.loads(args.merge.read_text())["rows"]
-        rows += [r for r in old if _key(r) not in fresh]
-    rows.sort(key=_sort_key)
+
+        rows = collect(pool.imap_unordered(run_one, todo), old, args.json, started, log)
     print_table(rows, console)
-    summary = averages(rows)
-    for cluster, avgs in summary.items():
+    for cluster, avgs in averages(rows).items():
         text = ", ".join(f"{k} {v / 3600:.3f} h" for k, v in avgs.items() if ":" not in k)
         console.print(f"mean avg JCT on {cluster}: {text}")
-    report = {
-        "rows": rows,
-        "averages": summary,
-        "total_wall_s": time.perf_counter() - started,
-        "note": "round_ms_p50 is wall time and depends on the machine's load",
-    }
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

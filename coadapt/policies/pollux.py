@@ -14,8 +14,10 @@ on its allocation only through (nodes, GPUs, changed?), so we can optimise struc
 2. **Packing.** Jobs keeping their count keep their placement; shrinking jobs release their
    least-used nodes; growing jobs extend on their own nodes, then onto the freest nodes the
    interference rule allows; new jobs go best-fit.
-3. **Local search** on the real placement: hand out leftover GPUs, move single GPUs from cheap
-   donors to the jobs that gain most, and put changed jobs back where they were when that pays.
+3. **Local search** on the real placement: hand out leftover GPUs (with ``Levers.leap`` also
+   in whole nodes past one node's worth: a young job may gain only from a large growth), move
+   single GPUs from cheap donors to the jobs that gain most, and put changed jobs back where
+   they were when that pays.
    On small problems a second search starts from the current allocation, which catches
    bin-packing effects the count phase cannot see.
 
@@ -46,13 +48,16 @@ _TOL = 1e-12
 PACKED_STATE_KEY = "packed"
 #: The default ``pollux``'s levers (see :class:`Levers`, plus the fairness power ``p``; chosen
 #: on the artifact workloads, ``docs/hetero.md``). ``remaining_power``/``settle`` read
-#: ``JobInfo.progress`` and change nothing for jobs that declare no length.
+#: ``JobInfo.progress`` and change nothing for jobs that declare no length. ``leap`` (growth
+#: into idle GPUs past a node's worth) with ``hold`` 0.25 to pay for its restarts and a
+#: stronger remaining-work weight: issue 18's fourth stop.
 DEFAULT_LEVERS: dict[str, Any] = {
     "explore": 4.0,
     "first": 4,
-    "hold": 0.15,
+    "hold": 0.25,
+    "leap": True,
     "p": -0.5,
-    "remaining_power": 0.5,
+    "remaining_power": 0.75,
     "settle": 1.0,
 }
 
@@ -154,7 +159,7 @@ class _Search:
         start = max(1, int(self.pb.min_replicas[j]) - k) if k == 0 else 1
         horizon = min(room, max(self.pb.gpus_per_node, start))
         best: _Move | None = None
-        for extra in range(start, horizon + 1):
+        for extra in self.pb.levers.growth_sizes(start, horizon, room, self.pb.gpus_per_node):
             plan = self._grow_plan(j, extra)
             if plan is None:
                 continue
@@ -673,6 +678,8 @@ class PolluxUnawarePolicy:
         remaining_scale: float = 36000.0,
         remaining_power: float = 0.0,
         settle: float = 0.0,
+        phi_growth: float = 0.0,
+        leap: bool = False,
     ) -> None:
         if admission not in ("fitness", "las"):
             raise ValueError(f"admission must be 'fitness' or 'las', got {admission!r}")
@@ -688,6 +695,8 @@ class PolluxUnawarePolicy:
             remaining_scale,
             remaining_power,
             settle,
+            phi_growth,
+            leap,
         )
         self.fair_reference = fair_reference
         self.exhaustive_limit = exhaustive_limit

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from coadapt.goodput import BatchLimits, SpeedupFunction, exploration_cap
+from coadapt.goodput import BatchLimits, GoodputModel, GradParams, SpeedupFunction, exploration_cap
 from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo
 
 IntArray = NDArray[np.int64]
@@ -94,6 +94,15 @@ class Levers:
     ``settle``: a running job's changed allocation is also multiplied by
     ``max(1 - settle × δ / H, 0)``, H its remaining work over the GPUs it holds, so a restart
     must pay back within the job's own remaining time (jobs of unknown length: no change).
+    ``phi_growth``: price each job's speedups at a gradient noise scale φ × (1 + phi_growth ×
+    (1 − progress)) instead of today's φ: φ grows as training goes on (Pollux §3.1; 5-15× over
+    an ImageNet run in the artifact's traces), so a young job's measured φ under-values the
+    large allocations it will use well for most of its life (jobs of unknown length: no change).
+    ``leap``: the optimiser's hand-out of leftover GPUs (not the count phase) also tries growth
+    past one node's worth of GPUs, in whole nodes up to all free GPUs. A restarted job's speedup
+    drops by its re-allocation factor at any size, so a growth that pays only when large (a
+    young job's low φ makes 4 → 8 GPUs worse than staying, 4 → 32 much better) is invisible to
+    steps of at most a node.
     """
 
     payback: float = 0.0
@@ -105,6 +114,27 @@ class Levers:
     remaining_scale: float = 36000.0
     remaining_power: float = 0.0
     settle: float = 0.0
+    phi_growth: float = 0.0
+    leap: bool = False
+
+    def growth_sizes(self, lo: int, near: int, far: int, per_node: int) -> list[int]:
+        """Extra GPUs a growth step tries: every count in ``lo..near`` (up to a node's worth
+        ahead), then with ``leap`` whole nodes beyond it and ``far`` (all the room) itself."""
+        sizes = list(range(lo, near + 1))
+        if self.leap and far > near:
+            step = max(per_node, 1)
+            sizes += [*range(near - near % step + step, far, step), far]
+        return sizes
+
+    def anticipated(self, job: JobInfo) -> GoodputModel | None:
+        """The job's goodput model with φ scaled up by its expected growth (``phi_growth``);
+        the model unchanged when the lever is off or the job declares no progress."""
+        model, f = job.goodput, job.progress
+        if model is None or self.phi_growth <= 0 or f is None:
+            return model
+        growth = 1.0 + self.phi_growth * (1.0 - min(max(f, 0.0), 1.0))
+        grad = GradParams(model.grad.sqr, model.grad.var * growth)
+        return GoodputModel(model.perf, grad, model.init_batch_size)
 
     def service_weights(self, jobs: list[JobInfo]) -> FloatArray | None:
         if self.service_power == 0 or not jobs:
@@ -184,7 +214,7 @@ class PolluxProblem:
             dtype=np.int64,
         )
         self.speedup_fns = SpeedupFunction.build_many(
-            [job.goodput for job in self.jobs],
+            [self.levers.anticipated(job) for job in self.jobs],
             [_limits_for(job) for job in self.jobs],
             ref_nodes=fair_n,
             ref_replicas=fair_k,
