@@ -892,6 +892,18 @@ def _gather_in_order(table: Any, keys: np.ndarray) -> np.ndarray:
     return out
 
 
+def in_process_parser(prog: str, iters_help: str) -> argparse.ArgumentParser:
+    """The arguments every in-process mode shares: the table and the requests."""
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--rows", type=int, default=5_000_000)
+    p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--iters", type=int, default=200, help=iters_help)
+    p.add_argument("--bodies", type=int, default=20, help="distinct requests cycled through")
+    p.add_argument("--shared", type=float, default=0.0, help="as --ctr-shared")
+    return p
+
+
 def profile_main(argv: list[str]) -> int:
     """One 200 x 500 request through a worker's predict path, in process, stage by stage
     (decode, shard split, look-up, row copy, pooling, MLP, encode), and an interleaved A/B/C/D
@@ -919,13 +931,7 @@ def profile_main(argv: list[str]) -> int:
     from coadapt.sparse.embedding import ids_to_numpy
     from coadapt.sparse.table import HUGE_PAGE_MODES
 
-    p = argparse.ArgumentParser(prog="ctr.py _profile")
-    p.add_argument("--rows", type=int, default=5_000_000)
-    p.add_argument("--dim", type=int, default=8)
-    p.add_argument("--shards", type=int, default=2)
-    p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--bodies", type=int, default=20, help="distinct requests cycled through")
-    p.add_argument("--shared", type=float, default=0.0, help="as --ctr-shared")
+    p = in_process_parser("ctr.py _profile", "requests per arm")
     p.add_argument(
         "--huge-pages", default="inside",
         help="comma-separated EmbeddingTable huge_pages modes, or 'packed' (segments end to end "
@@ -1115,14 +1121,8 @@ def stages_main(argv: list[str]) -> int:
     from coadapt.sparse.embedding import ids_to_numpy
     from coadapt.sparse.server import SHARD_SALT
 
-    p = argparse.ArgumentParser(prog="ctr.py _stages")
-    p.add_argument("--rows", type=int, default=5_000_000)
-    p.add_argument("--dim", type=int, default=8)
-    p.add_argument("--shards", type=int, default=2)
-    p.add_argument("--iters", type=int, default=200, help="requests per stage run and A/B block")
+    p = in_process_parser("ctr.py _stages", "requests per stage run and A/B block")
     p.add_argument("--pairs", type=int, default=4, help="old/new blocks of the A/B")
-    p.add_argument("--bodies", type=int, default=20, help="distinct requests cycled through")
-    p.add_argument("--shared", type=float, default=0.0, help="as --ctr-shared")
     p.add_argument("--huge-pages", default="packed", help="as _profile's first mode")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)

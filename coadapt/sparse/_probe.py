@@ -98,11 +98,12 @@ flight instead of one (figures in docs/serve.md)."""
 
 
 @_helper
-def _buckets(  # pragma: no cover - compiled; exercised through the kernels below
-    stored: Any, seg: Any, nb: Any, seg_buckets: int, b2_bits: int
+def _bucket_pair(  # pragma: no cover - compiled; exercised through the kernels
+    stored: Any, seg: Any, n: Any, seg_buckets: Any, b2_bits: Any
 ) -> tuple[Any, Any]:
-    """First slots of both candidate buckets of one stored value: ``EmbeddingTable._buckets``."""
-    n = nb[seg]
+    """First slots of both candidate buckets of one stored value, segment ``seg`` holding
+    ``n`` buckets: ``EmbeddingTable._buckets`` (also the serving look-up's,
+    :mod:`coadapt.sparse._serve_lookup`)."""
     lo1 = np.int64(stored & _LOW32)
     lo2 = np.int64((stored >> _S32) & ((_ONE << np.uint64(b2_bits)) - _ONE))
     b1 = (lo1 * n) >> 32
@@ -111,6 +112,14 @@ def _buckets(  # pragma: no cover - compiled; exercised through the kernels belo
         b2 = (b1 + 1) % n
     base = seg * seg_buckets
     return (base + b1) * _BUCKET, (base + b2) * _BUCKET
+
+
+@_helper
+def _buckets(  # pragma: no cover - compiled; exercised through the kernels below
+    stored: Any, seg: Any, nb: Any, seg_buckets: int, b2_bits: int
+) -> tuple[Any, Any]:
+    """:func:`_bucket_pair` with segment ``seg``'s bucket count read from ``nb``."""
+    return _bucket_pair(stored, seg, nb[seg], seg_buckets, b2_bits)
 
 
 @_helper

@@ -36,7 +36,14 @@ from typing import Any
 import numpy as np
 
 from coadapt.sparse._jit import jit_available, kernel
-from coadapt.sparse._probe import _BUCKET, _LOW32, _ONE, _S32, _helper, _mix_split, _splitmix
+from coadapt.sparse._probe import (
+    _BUCKET,
+    _ONE,
+    _bucket_pair,
+    _helper,
+    _mix_split,
+    _splitmix,
+)
 
 __all__ = ["pool_rows", "probe_rows"]
 
@@ -86,22 +93,6 @@ def _make_memory() -> tuple[Any, Any, Any]:
 
 
 _load_u64, _load_f32, _prefetch_at = _make_memory()
-
-
-@_helper
-def _bucket_pair(  # pragma: no cover - compiled
-    stored: Any, seg: Any, n: Any, seg_buckets: Any, b2_bits: Any
-) -> tuple[Any, Any]:
-    """First slots of both candidate buckets, segment ``seg`` holding ``n`` buckets:
-    ``_probe._buckets`` with the bucket count passed in (``EmbeddingTable._buckets``)."""
-    lo1 = np.int64(stored & _LOW32)
-    lo2 = np.int64((stored >> _S32) & ((_ONE << np.uint64(b2_bits)) - _ONE))
-    b1 = (lo1 * n) >> 32
-    b2 = (lo2 * n) >> b2_bits
-    if b1 == b2 and n > 1:
-        b2 = (b1 + 1) % n
-    base = seg * seg_buckets
-    return (base + b1) * _BUCKET, (base + b2) * _BUCKET
 
 
 @_helper
