@@ -137,7 +137,12 @@ class Served:
 
 
 def start_server(
-    root: Path, workers: int, log: Path, poll_s: float = 0.05, table_shards: int = 0
+    root: Path,
+    workers: int,
+    log: Path,
+    poll_s: float = 0.05,
+    table_shards: int = 0,
+    threads: int = 1,
 ) -> Served:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [
@@ -151,7 +156,7 @@ def start_server(
         "--workers",
         str(workers),
         "--threads",
-        "1",
+        str(threads),
         "--poll-s",
         str(poll_s),
         "--max-body",
@@ -354,7 +359,7 @@ def run_big(
                 verify_version(root, m.version)
                 return m, t1 - t0, time.perf_counter() - t1
 
-            srv = start_server(root, args.ctr_workers, work / "serve.log")
+            srv = start_server(root, args.ctr_workers, work / "serve.log", threads=args.ctr_threads)
             try:
                 m, pub_s, gate_s = publish(False, 0)
                 t0 = time.perf_counter()
@@ -491,6 +496,7 @@ def sweep(
             rows=args.ctr_rows,
             dim=args.ctr_dim,
             workers=args.ctr_workers,
+            threads=args.ctr_threads,
             table_shards=len(srv.shards),
             load_avg=round(os.getloadavg()[0], 2),
         )
@@ -557,7 +563,9 @@ def run_sharded(
     vs the unsharded worker, latency per rate, p99 while a delta goes live."""
     n = args.ctr_table_shards
     t0 = time.perf_counter()
-    srv = start_server(root, args.ctr_workers, work / "serve-sharded.log", table_shards=n)
+    srv = start_server(
+        root, args.ctr_workers, work / "serve-sharded.log", table_shards=n, threads=args.ctr_threads
+    )
     out: list[dict[str, Any]] = []
     try:
         live = (root / "LIVE").read_text().strip()
@@ -1397,6 +1405,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctr-shards", type=int, default=2, help="parameter-server shards")
     p.add_argument("--ctr-workers", type=int, default=1, help="serving worker processes")
     p.add_argument(
+        "--ctr-threads",
+        type=int,
+        default=1,
+        help="threads per worker (torch and the look-up: 2 splits one request over 2 cores)",
+    )
+    p.add_argument(
         "--ctr-table-shards",
         type=int,
         default=2,
@@ -1434,6 +1448,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.ctr_threads < 1:
+        raise SystemExit(f"--ctr-threads: {args.ctr_threads} is invalid; give 1 or more")
     if args.ctr_bodies < 1:
         raise SystemExit(f"--ctr-bodies: {args.ctr_bodies} is invalid; give 1 or more requests")
     work = Path(tempfile.mkdtemp(prefix="coadapt-ctr-bench-"))
