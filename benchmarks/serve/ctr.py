@@ -900,6 +900,15 @@ def _gather_in_order(table: Any, keys: np.ndarray) -> np.ndarray:
     return out
 
 
+def emit_rows(rows: list[dict[str, Any]], path: Path | None) -> None:
+    """Each row as a JSON line on stdout, and all of them to ``path`` (``{"rows": [...]}``)."""
+    for r in rows:
+        print(json.dumps(r))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": rows}, indent=1))
+
+
 def in_process_parser(prog: str, iters_help: str) -> argparse.ArgumentParser:
     """The arguments every in-process mode shares: the table and the requests."""
     p = argparse.ArgumentParser(prog=prog)
@@ -1093,11 +1102,7 @@ def profile_main(argv: list[str]) -> int:
             "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         }
     )
-    for r in rows:
-        print(json.dumps(r))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"rows": rows}, indent=1))
+    emit_rows(rows, a.json)
     return 0
 
 
@@ -1261,11 +1266,7 @@ def stages_main(argv: list[str]) -> int:
             "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         }
     )
-    for r in rows:
-        print(json.dumps(r))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"rows": rows}, indent=1))
+    emit_rows(rows, a.json)
     return 0
 
 
@@ -1486,11 +1487,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args(argv)
     rows = run(args)
-    for r in rows:
-        print(json.dumps(r))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"rows": rows}, indent=1))
+    emit_rows(rows, args.json)
     return 0
 
 
