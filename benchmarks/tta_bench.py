@@ -2,6 +2,12 @@
 
     python benchmarks/tta_bench.py --json out/tta.json            # full run (~15 min, quiet)
     python benchmarks/tta_bench.py --quick --json /tmp/tta.json   # ~3 min, for development
+    python benchmarks/tta_bench.py --device cuda --replicas 1 --skip-overhead --json out/gpu.json
+
+With a GPU (``--device auto``, the default, or ``cuda``) each replica trains on its own GPU
+with the workload's tensors in GPU memory, and the clock is read after the queued kernels
+finish; every row names its ``device``. ``--device cpu`` hides the GPUs from the jobs.
+The JSON file is rewritten after every (replicas, workload), so a run cut short keeps its rows.
 
 Four trainings that ship with the repository, each run as a real ``coadapt.train`` job under
 ``python -m coadapt.train.launch -n K`` (K = 1 and 2 replicas):
@@ -48,6 +54,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -183,6 +190,9 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
     fixed, rule = parse_mode(mode)
     torch.manual_seed(seed)
     ctx = ct.current()
+    # On a GPU the clock is read only after the queued kernels finished: without it the time
+    # between two evaluations would be the time to *launch* the steps, not to run them.
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     if fixed is None:
         batch, top, lr = w.init_batch, w.max_batch, w.lr
     else:
@@ -216,6 +226,7 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
     changes: list[tuple[int, int, int, float]] = []
     gate_step: int | None = None
     curve: list[tuple[int, float]] = []  # (samples, accuracy) at every evaluation
+    sync()
     started, cpu_started = time.perf_counter(), time.process_time()
 
     def evaluate() -> tuple[float, bool]:
@@ -249,6 +260,7 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
         if gate_step is None and fixed is None and model.gns.count >= MIN_MEASUREMENTS:
             gate_step = model.steps
         if samples >= next_eval or samples >= w.budget:
+            sync()
             trained += time.perf_counter() - started
             cpu += time.process_time() - cpu_started
             acc, reached = evaluate()
@@ -275,7 +287,29 @@ def run_trial(w: Workload, mode: str, seed: int, tag: str, built: Any) -> dict[s
         "gate_step": gate_step,
         "curve": curve,
         "lr": lr,
+        "device": _device_name(ctx.device),
     }
+
+
+def _device_name(device: Any) -> str:
+    """``cpu`` or ``cuda:<product name>``: which rows may be compared."""
+    import torch
+
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return str(device.type)
+
+
+def _to_device(built: Any, device: Any) -> Any:
+    """The workload's tensors on the job's device (a GPU job reads its batches there: the
+    loader indexes the dataset's tensors, so they live where the model does)."""
+    from torch.utils.data import TensorDataset
+
+    train, xte, yte, make = built
+    if device.type == "cpu":
+        return built
+    train = TensorDataset(*(t.to(device) for t in train.tensors))
+    return train, xte.to(device), yte.to(device), make
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -287,7 +321,7 @@ def worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     ctx = ct.init()
     w = WORKLOADS[args.workload]
-    built = _builders(w.name)
+    built = _to_device(_builders(w.name), ctx.device)
     # Once per process, before any trial: the import of what the adaptive job's fit needs
     # (SciPy, 0.3-1.6 s) is process start-up, like importing torch, not time to accuracy;
     # without this only the process's first trial paid it (issue 19).
@@ -317,7 +351,10 @@ def race(
     grid: tuple[int, ...],
     modes: list[str] | None,
     log: Callable[[str], None],
+    on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
+    """Every (replicas, workload) as one launched job; ``on_rows`` sees the rows so far after
+    each, so a run stopped part-way keeps what it measured."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="coadapt-tta-") as d:
         for k in replicas:
@@ -331,6 +368,8 @@ def race(
                 with _progress(out, len(todo) * len(seeds), log):
                     run_local(k, THIS, args, ckpt=Path(d) / f"ck-{name}-{k}", timeout=3600)
                 rows += [json.loads(line) for line in out.read_text().splitlines()]
+                if on_rows is not None:
+                    on_rows(rows)
     return rows
 
 
@@ -439,6 +478,12 @@ def main() -> int:
     p.add_argument("--replicas", default="1,2")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--modes", default=None, help="comma-separated modes (default: the grid)")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the jobs train: auto = a GPU when there is one (one per replica), else CPU",
+    )
     p.add_argument("--skip-overhead", action="store_true", help="no overhead measurement")
     p.add_argument(
         "--gns-check", action="store_true", help="only: benchmarks/gns_check.py (φ vs brute force)"
@@ -468,13 +513,26 @@ def main() -> int:
     modes = args.modes.split(",") if args.modes else None
     for mode in modes or []:
         parse_mode(mode)
+    if args.device == "cpu":  # the launched jobs see no GPU (coadapt.train picks one if any)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif args.device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if have < max(replicas):
+            p.error(f"--device cuda: {max(replicas)} replica(s) need as many GPUs, {have} visible")
 
     def log(message: str) -> None:
         print(f"[tta_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     load_before = load_average()
     started = time.monotonic()
-    rows = race(args.workloads.split(","), replicas, seeds, grid, modes, log)
+
+    def partial(so_far: list[dict[str, Any]]) -> None:
+        if args.json:
+            _write(Path(args.json), so_far, {"partial": True, "goals": goals(table(so_far))})
+
+    rows = race(args.workloads.split(","), replicas, seeds, grid, modes, log, partial)
     tab = table(rows)
     summary: dict[str, Any] = {
         "goals": goals(tab),
@@ -523,10 +581,17 @@ def main() -> int:
         if key in summary:
             print(f"{key:<24}{summary[key]:.3f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        out = {"rows": rows, "table": tab, "summary": summary}
-        Path(args.json).write_text(json.dumps(_finite(out), indent=1, allow_nan=False))
+        _write(Path(args.json), rows, summary)
     return 0
+
+
+def _write(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """``{"rows", "table", "summary"}`` as strict JSON, replaced whole (never half written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = {"rows": rows, "table": table(rows), "summary": summary}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_finite(out), indent=1, allow_nan=False))
+    os.replace(tmp, path)
 
 
 def _finite(value: Any) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tta_bench import WORKLOADS, goals, modes_for, parse_mode, table
+from benchmarks.tta_bench import WORKLOADS, _to_device, goals, modes_for, parse_mode, table
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"workload", "replicas", "mode", "initial", "seed", "tta_s", "steps", "samples"}
@@ -31,6 +31,8 @@ def test_a_short_race_writes_rows_with_every_field(tmp_path: Path) -> None:
             "--modes",
             "adaptive,fixed-16-linear,fixed-32-sqrt",
             "--skip-overhead",
+            "--device",
+            "cpu",
             "--json",
             str(out),
         ],
@@ -48,6 +50,7 @@ def test_a_short_race_writes_rows_with_every_field(tmp_path: Path) -> None:
         assert set(r) >= FIELDS
         assert r["workload"] == "cancer" and r["replicas"] == 1 and r["seed"] == 0
         assert r["initial"] is (r["mode"] == "fixed-16-linear")
+        assert r["device"] == "cpu"
         if r["reached"]:
             assert r["tta_s"] > 0 and r["steps"] > 0 and r["samples"] >= r["steps"]
             assert r["cpu_s"] > 0
@@ -121,3 +124,24 @@ def test_modes_and_their_names() -> None:
     assert parse_mode("fixed-64-sqrt") == (64, "sqrt")
     with pytest.raises(ValueError, match=r"fixed-<B>-<linear\|sqrt>"):
         parse_mode("fixed-64-cubic")
+
+
+def test_a_gpu_job_gets_its_workload_on_its_device() -> None:
+    """The tensors follow the job's device (``meta`` stands in for a GPU here); on the CPU the
+    workload is passed through untouched."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    def make(lr: float) -> None:
+        return None
+
+    built = (
+        TensorDataset(torch.zeros(4, 3), torch.zeros(4)),
+        torch.ones(2, 3),
+        torch.ones(2),
+        make,
+    )
+    assert _to_device(built, torch.device("cpu")) is built
+    train, xte, yte, mk = _to_device(built, torch.device("meta"))
+    assert all(t.device.type == "meta" for t in (*train.tensors, xte, yte))
+    assert train.tensors[0].shape == (4, 3) and mk is make
