@@ -9,11 +9,15 @@
 #   1. time to accuracy on the GPU (benchmarks/tta_bench.py --device cuda, one replica per
 #      GPU: every workload, the full fixed grid, 3 seeds);
 #   2. CTR ranking end to end at 50M rows (benchmarks/serve/ctr.py, one serving worker,
-#      rates up to 80 req/s): the serving code on a server-class CPU beside the 2-core VM's.
+#      rates up to 80 req/s): the serving code on a server-class CPU beside the 2-core VM's;
+#   3. one CTR request's stages in process at 50M rows (ctr.py _stages).
+# A part whose limit (TTA_S, CTR_S, STAGES_S seconds) is 0 is skipped.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 TTA_S=${TTA_S:-290}
+SEEDS=${SEEDS:-3}
 CTR_S=${CTR_S:-230}
+STAGES_S=${STAGES_S:-0}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo
 {
@@ -28,14 +32,26 @@ export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IF
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-echo "== 1. time to accuracy on the GPU (limit ${TTA_S}s)"
-timeout "$TTA_S" python3 benchmarks/tta_bench.py --device cuda --replicas 1 --seeds 3 \
-    --skip-overhead --json "$OUT/tta_gpu.json" >"$OUT/tta_gpu.log" 2>&1
-echo "rc=$?"
-tail -n 45 "$OUT/tta_gpu.log"
+if [ "$TTA_S" != 0 ]; then
+    echo "== 1. time to accuracy on the GPU (limit ${TTA_S}s, $SEEDS seeds)"
+    timeout "$TTA_S" python3 benchmarks/tta_bench.py --device cuda --replicas 1 --seeds "$SEEDS" \
+        --skip-overhead --json "$OUT/tta_gpu.json" >"$OUT/tta_gpu.log" 2>&1
+    echo "rc=$?"
+    tail -n 45 "$OUT/tta_gpu.log"
+fi
 
-echo "== 2. CTR 200x500 at 50M rows, end to end (limit ${CTR_S}s)"
-timeout "$CTR_S" python3 benchmarks/serve/ctr.py --ctr-rows 50000000 --ctr-rates 10,20,40,80 \
-    --ctr-table-shards 0 --ctr-skip freshness --json "$OUT/ctr_50m.json" >"$OUT/ctr_50m.log" 2>&1
-echo "rc=$?"
-tail -n 25 "$OUT/ctr_50m.log"
+if [ "$CTR_S" != 0 ]; then
+    echo "== 2. CTR 200x500 at 50M rows, end to end (limit ${CTR_S}s)"
+    timeout "$CTR_S" python3 benchmarks/serve/ctr.py --ctr-rows 50000000 --ctr-rates 10,20,40,80 \
+        --ctr-table-shards 0 --ctr-skip freshness --json "$OUT/ctr_50m.json" >"$OUT/ctr_50m.log" 2>&1
+    echo "rc=$?"
+    tail -n 25 "$OUT/ctr_50m.log"
+fi
+
+if [ "$STAGES_S" != 0 ]; then
+    echo "== 3. one CTR request's stages in process at 50M rows (limit ${STAGES_S}s)"
+    timeout "$STAGES_S" python3 benchmarks/serve/ctr.py _stages --rows 50000000 --iters 200 \
+        --pairs 2 --json "$OUT/ctr_stages_50m.json" >"$OUT/ctr_stages_50m.log" 2>&1
+    echo "rc=$?"
+    tail -n 20 "$OUT/ctr_stages_50m.log"
+fi

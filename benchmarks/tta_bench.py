@@ -300,6 +300,25 @@ def _device_name(device: Any) -> str:
     return str(device.type)
 
 
+def _prewarm_device(built: Any, w: Workload, device: Any) -> None:
+    """One throw-away forward and backward at the smallest and the largest batch a trial may
+    use, before any trial: on a GPU the first kernels of a process create the CUDA context
+    and the cuBLAS/cuDNN handles and load their code (0.3-1.2 s on an H200: the first trial
+    of each process, always an adaptive one, took 2-4x its later seeds), which is process
+    start-up like importing torch, not time to accuracy."""
+    import torch
+    import torch.nn.functional as F
+
+    train, _, _, make = built
+    net, _ = make(w.lr)
+    net = net.to(device)
+    for n in sorted({w.init_batch, min(w.max_batch, w.max_local_bsz or w.max_batch)}):
+        x, y = (t[:n] for t in train.tensors)
+        F.cross_entropy(net(x), y).backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _to_device(built: Any, device: Any) -> Any:
     """The workload's tensors on the job's device (a GPU job reads its batches there: the
     loader indexes the dataset's tensors, so they live where the model does)."""
@@ -328,6 +347,7 @@ def worker(args: argparse.Namespace) -> int:
     from coadapt.train.model import prewarm_optimizer
 
     prewarm_optimizer()
+    _prewarm_device(built, w, ctx.device)
     modes = args.modes.split(",")
     out = Path(args.out)
     for i, seed in enumerate(int(s) for s in args.seed_list.split(",")):
