@@ -45,6 +45,7 @@ import numpy.typing as npt
 
 from coadapt.atomicfile import atomic_writer
 from coadapt.sparse._hashing import as_u64_keys, mix64, unmix64
+from coadapt.sparse._place import MAX_KICKS, place_items
 from coadapt.sparse._probe import probe_keys, probe_stored
 from coadapt.sparse._probe import take_found as _take_found
 
@@ -654,7 +655,11 @@ class EmbeddingTable:
         age: npt.NDArray[Any] | None,
         cnt: npt.NDArray[np.uint32] | None,
     ) -> None:
-        """Insert absent, distinct items with their payload (vectorised cuckoo, by rounds)."""
+        """Insert absent, distinct items with their payload (cuckoo: compiled item by item,
+        else vectorised by rounds); items that find no slot grow their segment."""
+        if place_items is not None:
+            self._place_compiled(stored, seg, rows, age, cnt)
+            return
         rounds = 0
         while stored.size:
             g1, g2 = self._buckets(stored, seg)
@@ -710,21 +715,80 @@ class EmbeddingTable:
             age = None if ages is None else np.concatenate(ages)
             cnt = None if cnts is None else np.concatenate(cnts)
             if stored.size and rounds >= _EVICT_ROUNDS:
-                # Displacement is not converging: grow the crowded segments one at a time (so
-                # the transient copy stays ~1/segments of the table) and re-place.
-                for s in np.unique(seg).tolist():
-                    mine = seg == s
-                    items = self._grow(int(s), int(np.count_nonzero(mine)))
-                    self._place_chunked(items[0], int(s), *items[1:])  # no concatenated copy
-                    del items
-                    self._place_chunked(
-                        stored[mine],
-                        int(s),
-                        rows[mine],
-                        None if age is None else age[mine],
-                        None if cnt is None else cnt[mine],
-                    )
+                self._grow_and_place(stored, seg, rows, age, cnt)
                 return
+
+    def _place_compiled(
+        self,
+        stored: npt.NDArray[np.uint64],
+        seg: I64Array,
+        rows: F32Array,
+        age: npt.NDArray[Any] | None,
+        cnt: npt.NDArray[np.uint32] | None,
+    ) -> None:
+        """``_place`` through the compiled kernel (:mod:`coadapt.sparse._place`)."""
+        assert place_items is not None
+        n = stored.size
+        if n == 0:
+            return
+        self.generation += 1
+        width = self.width
+        no_age = np.empty(0, np.uint8 if self._age is None else self._age.dtype)
+        no_cnt = np.empty((0, 2), np.uint32)
+        t_age = no_age if self._age is None else self._age
+        t_cnt = no_cnt if self._cnt is None else self._cnt
+        p_age = no_age if self._age is None or age is None else np.ascontiguousarray(age)
+        p_cnt = no_cnt if self._cnt is None or cnt is None else np.ascontiguousarray(cnt)
+        if self._age is not None and p_age.size == 0:  # no payload given: a fresh row's 0
+            p_age = np.zeros(n, self._age.dtype)
+        if self._cnt is not None and p_cnt.size == 0:
+            p_cnt = np.zeros((n, 2), np.uint32)
+        left_stored = np.empty(n, np.uint64)
+        left_seg = np.empty(n, np.int64)
+        left_row = np.empty((n, width), np.float32)
+        left_age = np.empty(n if self._age is not None else 0, no_age.dtype)
+        left_cnt = np.empty((n if self._cnt is not None else 0, 2), np.uint32)
+        n_left = int(
+            place_items(
+                np.ascontiguousarray(stored), np.ascontiguousarray(seg, np.int64),
+                np.ascontiguousarray(rows, np.float32).reshape(n, width), p_age, p_cnt,
+                self._keys, self._rows, t_age, t_cnt, self._size,
+                self._nb, self._seg_buckets, self._b2_bits,
+                np.uint64(self._rng.integers(0, 1 << 63)), MAX_KICKS,
+                left_stored, left_seg, left_row, left_age, left_cnt,
+            )
+        )  # fmt: skip
+        if n_left:
+            self._grow_and_place(
+                left_stored[:n_left],
+                left_seg[:n_left],
+                left_row[:n_left],
+                None if self._age is None else left_age[:n_left],
+                None if self._cnt is None else left_cnt[:n_left],
+            )
+
+    def _grow_and_place(
+        self,
+        stored: npt.NDArray[np.uint64],
+        seg: I64Array,
+        rows: F32Array,
+        age: npt.NDArray[Any] | None,
+        cnt: npt.NDArray[np.uint32] | None,
+    ) -> None:
+        """Displacement did not converge: grow the crowded segments one at a time (so the
+        transient copy stays ~1/segments of the table) and re-place their items and these."""
+        for s in np.unique(seg).tolist():
+            mine = seg == s
+            items = self._grow(int(s), int(np.count_nonzero(mine)))
+            self._place_chunked(items[0], int(s), *items[1:])  # no concatenated copy
+            del items
+            self._place_chunked(
+                stored[mine],
+                int(s),
+                rows[mine],
+                None if age is None else age[mine],
+                None if cnt is None else cnt[mine],
+            )
 
     def _insert_new(
         self,
