@@ -373,10 +373,18 @@ class PolluxProblem:
         replicas = states.sum(axis=2)
         out = np.zeros(replicas.shape, dtype=np.float64)
         changed = np.any(states != self.base[None], axis=2)
-        for j, fn in enumerate(self.speedup_fns):
-            live = replicas[:, j] > 0
-            if np.any(live):
-                out[live, j] = fn(nodes[live, j], replicas[live, j])
+        if replicas.shape[0] == 1:  # one state (most calls): memo look-ups, no array calls
+            out[0] = [
+                fn.scalar(n, r) if r > 0 else 0.0
+                for fn, n, r in zip(
+                    self.speedup_fns, nodes[0].tolist(), replicas[0].tolist(), strict=True
+                )
+            ]
+        else:
+            for j, fn in enumerate(self.speedup_fns):
+                live = replicas[:, j] > 0
+                if np.any(live):
+                    out[live, j] = fn(nodes[live, j], replicas[live, j])
         out *= self.scale[None, :]
         factor = self.realloc_factor[None, :] * (1.0 - self.switch_margin)
         moved = np.maximum(out * factor - self.payback_penalty[None, :], 0.0)

@@ -55,10 +55,15 @@ MAX_MISSES = 2
 
 def current_type(snapshot: ClusterSnapshot, job: str) -> str | None:
     """The type of the GPUs ``job`` holds now (None: none; the most-held type if mixed)."""
+    alloc = snapshot.current.get(job)
+    if alloc is None:
+        return None
+    width = min(len(alloc), len(snapshot.nodes))
+    row = np.asarray(alloc[:width])
     held: dict[str, int] = {}
-    for node, k in zip(snapshot.nodes, snapshot.current_of(job), strict=False):
-        if k > 0:
-            held[node.gpu_type] = held.get(node.gpu_type, 0) + int(k)
+    for i in np.flatnonzero(row > 0).tolist():  # the nodes it holds, not every node
+        t = snapshot.nodes[i].gpu_type
+        held[t] = held.get(t, 0) + int(row[i])
     if not held:
         return None
     return max(sorted(held), key=lambda t: held[t])
