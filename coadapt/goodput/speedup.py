@@ -54,8 +54,8 @@ class SpeedupFunction:
         replicas = [self.ref_replicas, 1]
         if prefetch is not None:
             pn, pr = np.broadcast_arrays(np.asarray(prefetch[0]), np.asarray(prefetch[1]))
-            nodes.extend(int(x) for x in pn.ravel())
-            replicas.extend(int(x) for x in pr.ravel())
+            nodes.extend(np.asarray(pn, dtype=np.int64).ravel().tolist())  # Python ints
+            replicas.extend(np.asarray(pr, dtype=np.int64).ravel().tolist())
         return nodes, replicas
 
     def _absorb(self, nodes: list[int], replicas: list[int], good: FloatArray) -> None:

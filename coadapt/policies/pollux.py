@@ -361,20 +361,50 @@ def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
     the node count it has now; packing (below) then tries to keep it exactly there.
     """
     g = problem.gpus_per_node
+    # A type-aware round solves each type's problem several times with other caps and bases
+    # (assignments, moves): a job's row depends only on (cap, its current GPUs and nodes) and
+    # on the problem's pricing, so rows are kept per problem while the pricing is unchanged.
+    token = _pricing_token(problem)
+    cached = getattr(problem, "_count_rows", None)
+    if cached is None or cached[0] != token:
+        cached = (token, {})
+        problem._count_rows = cached  # type: ignore[attr-defined]
+    rows_by_key: dict[tuple[int, int, int, int], list[float]] = cached[1]
+    base_k_all = problem.base.sum(axis=1).tolist()
+    base_n_all = np.count_nonzero(problem.base, axis=1).tolist()
+    caps = problem.max_replicas.tolist()
     tables: list[list[float]] = []
     for j in range(problem.num_jobs):
-        cap = int(problem.max_replicas[j])
-        base_k = int(problem.base[j].sum())
-        base_n = int(np.count_nonzero(problem.base[j]))
-        row = [problem.utility(j, 0.0)]
-        for k in range(1, cap + 1):
-            if k == base_k:
-                row.append(problem.utility(j, problem.speedup(j, base_n, k, changed=False)))
-            else:
-                n = min(-(-k // g), problem.num_nodes)
-                row.append(problem.utility(j, problem.speedup(j, n, k, changed=True)))
-        tables.append(row)
+        cap, base_k, base_n = int(caps[j]), int(base_k_all[j]), int(base_n_all[j])
+        key = (j, cap, base_k, base_n)
+        row = rows_by_key.get(key)
+        if row is None:
+            row = [problem.utility(j, 0.0)]
+            for k in range(1, cap + 1):
+                if k == base_k:
+                    row.append(problem.utility(j, problem.speedup(j, base_n, k, changed=False)))
+                else:
+                    n = min(-(-k // g), problem.num_nodes)
+                    row.append(problem.utility(j, problem.speedup(j, n, k, changed=True)))
+            rows_by_key[key] = row
+        tables.append(list(row))
     return tables
+
+
+def _pricing_token(problem: PolluxProblem) -> tuple[object, ...]:
+    """Everything a count-table row reads besides the job's cap and current allocation."""
+    w = problem.weights
+    return (
+        problem.p,
+        problem.epsilon,
+        problem.switch_margin,
+        problem.num_nodes,
+        problem.gpus_per_node,
+        problem.scale.tobytes(),
+        problem.realloc_factor.tobytes(),
+        problem.payback_penalty.tobytes(),
+        None if w is None else np.asarray(w).tobytes(),
+    )
 
 
 def _las_admission(problem: PolluxProblem, tables: list[list[float]]) -> list[int]:

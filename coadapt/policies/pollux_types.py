@@ -73,6 +73,7 @@ def type_snapshot(snapshot: ClusterSnapshot, gpu_type: str) -> ClusterSnapshot:
     """``snapshot`` restricted to ``gpu_type``: its nodes, the jobs allowed on it (with their
     model for it), and their current allocations if they are on it."""
     idx = [i for i, n in enumerate(snapshot.nodes) if n.gpu_type == gpu_type]
+    take = np.asarray(idx, dtype=np.int64)
     jobs: dict[str, JobInfo] = {}
     current: dict[str, Allocation] = {}
     for name, job in snapshot.jobs.items():
@@ -83,7 +84,7 @@ def type_snapshot(snapshot: ClusterSnapshot, gpu_type: str) -> ClusterSnapshot:
         )
         alloc = snapshot.current.get(name)
         if alloc is not None and current_type(snapshot, name) == gpu_type:
-            current[name] = tuple(int(alloc[i]) for i in idx)
+            current[name] = tuple(np.asarray(alloc, dtype=np.int64)[take].tolist())
     return replace(
         snapshot, nodes=tuple(snapshot.nodes[i] for i in idx), jobs=jobs, current=current
     )

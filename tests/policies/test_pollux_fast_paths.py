@@ -1,0 +1,107 @@
+"""The round-latency fast paths of ``pollux`` give exactly what the plain code gave: growth
+plans, count tables (cached per problem while its pricing is unchanged) and one-state speedups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coadapt.goodput.model import COLUMN_CHUNK, BatchColumns, _optimize_slice, optimize_columns
+from coadapt.policies.pollux import _count_utilities, _Search
+from coadapt.policies.pollux_problem import PolluxProblem
+from tests.policies.builders import random_model, random_snapshot
+
+
+def _reference_grow_plan(s: _Search, j: int, extra: int) -> tuple[tuple[int, int], ...] | None:
+    """The growth plan as a Python loop over nodes (the code before the vectorised one)."""
+    row = s.state[j]
+    own = np.flatnonzero(row > 0)
+    plan: dict[int, int] = {}
+    need = extra
+    if own.size == 0:
+        fits = np.flatnonzero(s.free >= extra)
+        if fits.size:
+            n = int(fits[np.argmin(s.free[fits])])
+            return ((n, extra),)
+    else:
+        for n in own[np.argsort(-s.free[own], kind="stable")]:
+            take = int(min(s.free[n], need))
+            if take > 0:
+                plan[int(n)] = take
+                need -= take
+            if need == 0:
+                return tuple(plan.items())
+        if not all(s._allowed_multi(j, int(n)) for n in own):
+            return None
+    for n in [int(n) for n in np.argsort(-s.free, kind="stable") if s.free[n] > 0 and row[n] == 0]:
+        if not s._allowed_multi(j, n):
+            continue
+        take = int(min(s.free[n], need))
+        plan[n] = plan.get(n, 0) + take
+        need -= take
+        if need == 0:
+            return tuple(plan.items())
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_growth_plans_match_the_node_loop(seed: int) -> None:
+    snap = random_snapshot(seed, num_nodes=12, num_jobs=18)
+    pb = PolluxProblem(snap)
+    s = _Search(pb, pb.base)
+    rng = np.random.default_rng(seed)
+    for _ in range(60):  # random partial states: grow jobs by random amounts, compare, apply
+        j = int(rng.integers(pb.num_jobs))
+        extra = int(rng.integers(1, 9))
+        got, want = s._grow_plan(j, extra), _reference_grow_plan(s, j, extra)
+        assert got == want
+        if got is not None and rng.random() < 0.5:
+            move = s.best_growth(j)
+            if move is not None:
+                s.apply(move)
+
+
+def test_count_tables_follow_caps_bases_and_pricing() -> None:
+    snap = random_snapshot(3, num_nodes=8, num_jobs=10)
+    pb = PolluxProblem(snap)
+    first = _count_utilities(pb)
+    pb.max_replicas[0] = 0  # a solve that keeps job 0 off this type
+    pb.base[1] = 0
+    second = _count_utilities(pb)
+    fresh = PolluxProblem(snap)
+    fresh.max_replicas[0] = 0
+    fresh.base[1] = 0
+    assert second == _count_utilities(fresh) and second[0] == [first[0][0]]
+    pb.set_scale(np.full(pb.num_jobs, 0.5))  # new pricing: no stale row may survive
+    fresh.set_scale(np.full(pb.num_jobs, 0.5))
+    assert _count_utilities(pb) == _count_utilities(fresh) != second
+
+
+def test_one_state_speedups_equal_the_batched_path() -> None:
+    snap = random_snapshot(5, num_nodes=8, num_jobs=14)
+    pb = PolluxProblem(snap)
+    state = pb.base.copy()
+    state[0] = 0
+    state[0, 0] = 2
+    one = pb.job_speedups(state[None])
+    two = pb.job_speedups(np.stack([state, state]))  # P = 2: the per-job array path
+    np.testing.assert_array_equal(one[0], two[0])
+
+
+def test_sliced_batch_choice_is_the_whole_one_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    models, limits, counts = [], [], []
+    for _ in range(40):
+        m, lim = random_model(rng)
+        models.append(m)
+        limits.append(lim)
+        counts.append(int(rng.integers(20, 90)))
+    cols = BatchColumns.of(models, limits, counts)
+    q = sum(counts)
+    assert q > 2 * COLUMN_CHUNK
+    reps = rng.integers(1, 65, q)
+    nodes = np.maximum(-(-reps // 4), 1)
+    for got, want in zip(
+        optimize_columns(cols, nodes, reps), _optimize_slice(cols, nodes, reps), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
