@@ -280,12 +280,13 @@ class AdaptiveModel:
         A crash should cost at most CHECKPOINT_LOSS_SHARE of the training so far, so the
         period grows with the job's age from CHECKPOINT_MIN_GAP up to ``checkpoint_interval``;
         and a checkpoint should cost at most CHECKPOINT_BUDGET of the time between two, so the
-        period never drops below the measured save time / CHECKPOINT_BUDGET (that rule wins).
+        period never drops below the typical save time (the lower median of the last few,
+        robust to one stalled write) / CHECKPOINT_BUDGET (that rule wins).
         """
         if self.checkpoint_interval <= 0 or self.ctx.env.checkpoint_dir is None:
             return 0.0
         by_age = max(CHECKPOINT_MIN_GAP, CHECKPOINT_LOSS_SHARE * self.trained_seconds)
-        cost = self.ctx.last_save_seconds or 0.0
+        cost = self.ctx.typical_save_seconds or 0.0
         return max(min(self.checkpoint_interval, by_age), cost / CHECKPOINT_BUDGET)
 
     def _checkpoint_due(self) -> bool:

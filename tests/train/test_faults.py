@@ -110,7 +110,9 @@ def test_a_sigkill_loses_at_most_two_percent_of_the_steps(tmp_path: Path) -> Non
         for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
         if '"checkpoint"' in line
     ]
-    assert len(saves) >= 5 and all(r["seconds"] >= 0 for r in saves)
+    # Periodic: several saves before the kill (the last ones may die with the process, unsent;
+    # ~0.5 s apart here, 5-6 reach the file). What bounds the loss is asserted above.
+    assert len(saves) >= 3 and all(r["seconds"] >= 0 for r in saves)
 
 
 def test_without_periodic_checkpoints_a_sigkill_loses_everything(tmp_path: Path) -> None:
@@ -219,8 +221,15 @@ def test_checkpoint_period_stretches_with_the_measured_cost(tmp_path: Path) -> N
         model._trained_before = 6000.0  # 100 minutes in: the interval caps it
         assert model.checkpoint_period == 60.0
         model._trained_before = 0.0
-        ctx.last_save_seconds = 3.0  # a slow store: 3 s may be at most 2% of the period
+        ctx._save_seconds.append(3.0)  # a slow store: 3 s may be at most 2% of the period
         assert model.checkpoint_period == pytest.approx(3.0 / CHECKPOINT_BUDGET)
+        ctx._save_seconds.clear()
+        for cost in (0.002, 0.003, 0.041, 0.002):  # one stalled write among fast ones
+            ctx._save_seconds.append(cost)
+        assert model.checkpoint_period == pytest.approx(CHECKPOINT_MIN_GAP, abs=0.01)
+        for cost in (0.05, 0.06, 0.05):  # the store got slower: the period follows
+            ctx._save_seconds.append(cost)
+        assert model.checkpoint_period == pytest.approx(0.05 / CHECKPOINT_BUDGET)
         assert model.state_dict()["trained_seconds"] >= 0.0  # the age survives a restart
         with pytest.raises(TrainConfigError, match="checkpoint_interval"):
             AdaptiveModel(net, model.optimizer, loader, name="x", checkpoint_interval=-1)
