@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from coadapt.sparse import EmbeddingTable, TableFullError
+from coadapt.sparse import table as table_mod
 from coadapt.sparse._hashing import mix64, unmix64
 
 EXTREMES = [0, 1, 2**63, 2**64 - 1, 2**64 - 2]
@@ -98,6 +99,24 @@ class TableMachine(RuleBasedStateMachine):
 
 TableMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
 TestTableMachine = TableMachine.TestCase
+
+
+class NumpyPlacementMachine(TableMachine):
+    """The same model check with rows placed by the numpy rounds (a bare install, or
+    COADAPT_NO_JIT=1) instead of the compiled kernel (``coadapt.sparse._place``)."""
+
+    @initialize()
+    def setup(self) -> None:
+        self._saved_place = table_mod.place_items
+        table_mod.place_items = None
+        super().setup()
+
+    def teardown(self) -> None:
+        table_mod.place_items = self._saved_place
+
+
+NumpyPlacementMachine.TestCase.settings = TableMachine.TestCase.settings
+TestNumpyPlacementMachine = NumpyPlacementMachine.TestCase
 
 
 def test_mix_is_a_bijection_with_exact_inverse() -> None:
