@@ -364,12 +364,10 @@ def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
     # A type-aware round solves each type's problem several times with other caps and bases
     # (assignments, moves): a job's row depends only on (cap, its current GPUs and nodes) and
     # on the problem's pricing, so rows are kept per problem while the pricing is unchanged.
-    token = _pricing_token(problem)
-    cached = getattr(problem, "_count_rows", None)
-    if cached is None or cached[0] != token:
-        cached = (token, {})
-        problem._count_rows = cached  # type: ignore[attr-defined]
-    rows_by_key: dict[tuple[int, int, int, int], list[float]] = cached[1]
+    token = problem.pricing_token()
+    if problem.count_rows[0] != token:
+        problem.count_rows = (token, {})
+    rows_by_key = problem.count_rows[1]
     base_k_all = problem.base.sum(axis=1).tolist()
     base_n_all = np.count_nonzero(problem.base, axis=1).tolist()
     caps = problem.max_replicas.tolist()
@@ -389,22 +387,6 @@ def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
             rows_by_key[key] = row
         tables.append(list(row))
     return tables
-
-
-def _pricing_token(problem: PolluxProblem) -> tuple[object, ...]:
-    """Everything a count-table row reads besides the job's cap and current allocation."""
-    w = problem.weights
-    return (
-        problem.p,
-        problem.epsilon,
-        problem.switch_margin,
-        problem.num_nodes,
-        problem.gpus_per_node,
-        problem.scale.tobytes(),
-        problem.realloc_factor.tobytes(),
-        problem.payback_penalty.tobytes(),
-        None if w is None else np.asarray(w).tobytes(),
-    )
 
 
 def _las_admission(problem: PolluxProblem, tables: list[list[float]]) -> list[int]:

@@ -247,6 +247,11 @@ class PolluxProblem:
             self.realloc_factor = self.realloc_factor * self._settle_factors(idle)
         self.scale: FloatArray = np.ones(self.num_jobs, dtype=np.float64)
         self.payback_penalty: FloatArray = np.zeros(self.num_jobs, dtype=np.float64)
+        # Count-table rows (``pollux._count_utilities``) by (job, cap, GPUs held, nodes held),
+        # valid while ``pricing_token()`` is unchanged: a type-aware round re-solves each
+        # type's problem several times with other caps and bases.
+        self.count_rows: tuple[tuple[object, ...], dict[tuple[int, int, int, int], list[float]]]
+        self.count_rows = ((), {})
         self._set_payback()
 
     def _settle_factors(self, idle: NDArray[np.bool_]) -> FloatArray:
@@ -265,6 +270,22 @@ class PolluxProblem:
             elif math.isfinite(horizon):
                 out[j] = max(1.0 - self.levers.settle * delta / horizon, 0.0)
         return out
+
+    def pricing_token(self) -> tuple[object, ...]:
+        """Everything a job's speedup and utility read besides its cap and current
+        allocation (a cache of either is valid while this is unchanged)."""
+        w = self.weights
+        return (
+            self.p,
+            self.epsilon,
+            self.switch_margin,
+            self.num_nodes,
+            self.gpus_per_node,
+            self.scale.tobytes(),
+            self.realloc_factor.tobytes(),
+            self.payback_penalty.tobytes(),
+            None if w is None else np.asarray(w).tobytes(),
+        )
 
     def set_scale(self, scale: FloatArray) -> None:
         """Multiply each job's speedups by ``scale`` (a type's sub-problem: the job's goodput

@@ -737,12 +737,12 @@ class EmbeddingTable:
         no_cnt = np.empty((0, 2), np.uint32)
         t_age = no_age if self._age is None else self._age
         t_cnt = no_cnt if self._cnt is None else self._cnt
-        p_age = no_age if self._age is None or age is None else np.ascontiguousarray(age)
-        p_cnt = no_cnt if self._cnt is None or cnt is None else np.ascontiguousarray(cnt)
-        if self._age is not None and p_age.size == 0:  # no payload given: a fresh row's 0
-            p_age = np.zeros(n, self._age.dtype)
-        if self._cnt is not None and p_cnt.size == 0:
-            p_cnt = np.zeros((n, 2), np.uint32)
+        # The items' own ages and counters; a table that keeps them but got none: zeros.
+        p_age, p_cnt = no_age, no_cnt
+        if self._age is not None:
+            p_age = np.zeros(n, self._age.dtype) if age is None else np.ascontiguousarray(age)
+        if self._cnt is not None:
+            p_cnt = np.zeros((n, 2), np.uint32) if cnt is None else np.ascontiguousarray(cnt)
         left_stored = np.empty(n, np.uint64)
         left_seg = np.empty(n, np.int64)
         left_row = np.empty((n, width), np.float32)
