@@ -275,6 +275,7 @@ class LocalExecutor:
         # The shim itself must import coadapt even when the job's cwd/PYTHONPATH hides it.
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pkg_root) if p)
+        env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash logs its Python stacks
         with open(log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(

@@ -73,6 +73,9 @@ def replica_env(
     env.update(wire.to_env())
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # A replica that dies in native code (a C++ terminate in a collective, a crash in an
+    # extension) prints every thread's Python stack, so its log says where it was.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     return env
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import faulthandler
 import importlib
 import io
 import json
@@ -129,6 +130,12 @@ def _reset_child_state(stdio_fd: int, env: dict[str, str], cwd: str) -> None:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    # What the interpreter does at start-up for PYTHONFAULTHANDLER (the zygote started
+    # without the replica's environment): a native crash prints the Python stacks.
+    if env.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable(all_threads=True)
+    elif faulthandler.is_enabled():
+        faulthandler.disable()
     # Every child would otherwise inherit the zygote's RNG states.
     random.seed()
     np = sys.modules.get("numpy")
