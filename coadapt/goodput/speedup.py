@@ -1,7 +1,9 @@
 """SPEEDUP_j(A_j), eq. 16: a job's best goodput on an allocation relative to a reference.
 
 The scheduler evaluates it for many candidate allocations each round, so results are memoised
-per (nodes, replicas) — the goodput model depends on the allocation only through those two.
+per (nodes, replicas). The goodput model reads the node count only as "one node or several"
+(eq. 11's synchronisation term), so the memo is keyed by :func:`shape_key` and every
+multi-node spread of K GPUs is priced once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from coadapt.goodput.model import (
     GoodputModel,
     optimize_columns,
 )
+
+
+def shape_key(num_nodes: int, num_replicas: int) -> tuple[int, int]:
+    """The memo key of an allocation: nodes folded to 1 (one node) or 2 (several)."""
+    return (2 if num_nodes > 1 else 1, num_replicas)
 
 
 class SpeedupFunction:
@@ -49,13 +56,19 @@ class SpeedupFunction:
         )
 
     def _queries(self, prefetch: tuple[ArrayLike, ArrayLike] | None) -> tuple[list[int], list[int]]:
-        """The reference, one GPU (fallback reference) and the prefetched allocations."""
-        nodes = [self.ref_nodes, 1]
-        replicas = [self.ref_replicas, 1]
+        """The reference, one GPU (fallback reference) and the distinct prefetched shapes
+        (:func:`shape_key`), so no two queries price the same thing."""
+        ref = shape_key(self.ref_nodes, self.ref_replicas)
+        nodes = [ref[0], 1]
+        replicas = [ref[1], 1]
         if prefetch is not None:
             pn, pr = np.broadcast_arrays(np.asarray(prefetch[0]), np.asarray(prefetch[1]))
-            nodes.extend(np.asarray(pn, dtype=np.int64).ravel().tolist())  # Python ints
-            replicas.extend(np.asarray(pr, dtype=np.int64).ravel().tolist())
+            flat_n = np.where(np.asarray(pn, dtype=np.int64).ravel() > 1, 2, 1)
+            flat_r = np.asarray(pr, dtype=np.int64).ravel()
+            # Python ints, first occurrence first
+            shapes = dict.fromkeys(zip(flat_n.tolist(), flat_r.tolist(), strict=True))
+            nodes.extend(n for n, _ in shapes)
+            replicas.extend(r for _, r in shapes)
         return nodes, replicas
 
     def _absorb(self, nodes: list[int], replicas: list[int], good: FloatArray) -> None:
@@ -106,7 +119,7 @@ class SpeedupFunction:
         """Fast path for one allocation (the optimiser's inner loop)."""
         if self.model is None:
             return num_replicas / self._base if num_replicas > 0 else 0.0
-        value = self._memo.get((num_nodes, num_replicas))
+        value = self._memo.get((2 if num_nodes > 1 else 1, num_replicas))
         if value is None:
             value = float(self(np.array([num_nodes]), np.array([num_replicas]))[0])
         return value
@@ -115,7 +128,7 @@ class SpeedupFunction:
         nodes = np.asarray(num_nodes, dtype=np.int64)
         replicas = np.asarray(num_replicas, dtype=np.int64)
         nodes, replicas = np.broadcast_arrays(nodes, replicas)
-        flat_n = nodes.ravel()
+        flat_n = np.where(nodes.ravel() > 1, 2, 1)
         flat_r = replicas.ravel()
         out = np.empty(flat_r.size, dtype=np.float64)
         missing: list[int] = []

@@ -40,7 +40,13 @@ import numpy as np
 from coadapt.policies.base import BatchMode, ClusterSnapshot, Decision, PolicyState
 from coadapt.policies.packing import OneGpu, Term, choose_packing, split_guests
 from coadapt.policies.polish import polish_pairs
-from coadapt.policies.pollux_problem import IntArray, Levers, PolluxProblem, remaining_work
+from coadapt.policies.pollux_problem import (
+    FloatArray,
+    IntArray,
+    Levers,
+    PolluxProblem,
+    remaining_work,
+)
 from coadapt.policies.pollux_types import TypedPollux
 
 _TOL = 1e-12
@@ -84,21 +90,34 @@ class _Search:
         self.state = state.copy()
         self.free = problem.node_caps - self.state.sum(axis=0)
         self.k = self.state.sum(axis=1)
-        self.util = np.array([self._row_utility(j, self.state[j]) for j in range(problem.num_jobs)])
+        # Per-row statistics in whole-matrix calls, then one scalar utility per job (a per-row
+        # sum / count / compare was most of a 2048-GPU search's set-up).
+        ks = self.k.tolist()
+        spans = np.count_nonzero(self.state, axis=1).tolist()
+        changed = np.any(self.state != problem.base, axis=1).tolist()
+        self.util = np.array(
+            [self._utility_of(j, ks[j], spans[j], changed[j]) for j in range(problem.num_jobs)]
+        )
         # dist_owner[n] = index of the distributed job on node n, or -1.
         self.dist_owner = np.full(problem.num_nodes, -1, dtype=np.int64)
         for j in range(problem.num_jobs):
-            if np.count_nonzero(self.state[j]) > 1:
+            if spans[j] > 1:
                 self.dist_owner[self.state[j] > 0] = j
 
     # ------------------------------------------------------------- utilities
+    def _utility_of(self, j: int, k: int, nodes: int, changed: bool) -> float:
+        """Job j's term with ``k`` GPUs on ``nodes`` nodes (``changed``: not its current row)."""
+        if k == 0:
+            return self.pb.utility(j, 0.0)
+        return self.pb.utility(j, self.pb.speedup(j, nodes, k, changed))
+
     def _row_utility(self, j: int, row: IntArray) -> float:
         k = int(row.sum())
         if k == 0:
             return self.pb.utility(j, 0.0)
         nodes = int(np.count_nonzero(row))
         changed = not np.array_equal(row, self.pb.base[j])
-        return self.pb.utility(j, self.pb.speedup(j, nodes, k, changed))
+        return self._utility_of(j, k, nodes, changed)
 
     def _plan_utility(self, j: int, plan: tuple[tuple[int, int], ...]) -> float:
         row = self.state[j].copy()
@@ -156,6 +175,26 @@ class _Search:
         plan[int(candidates[last])] = need - before
         return tuple(plan.items())
 
+    def _reach(self, j: int) -> int:
+        """The most extra GPUs :meth:`_grow_plan` can place for job j (it returns None for
+        more): the free GPUs on its own nodes, plus, where it may spread, those on the nodes
+        the interference rule lets it take; a job on no node may also take the freest node.
+        In a crowded round most growth sizes do not fit (free GPUs sit on other distributed
+        jobs' nodes), and sizing each one cost a sort of every node."""
+        row = self.state[j]
+        own = row > 0
+        own_free = int(self.free[own].sum())
+        held = np.flatnonzero(own)
+        if held.size and not all(self._allowed_multi(j, int(n)) for n in held):
+            return own_free
+        ok = (self.free > 0) & ~own
+        if self.pb.avoid_interference:
+            ok &= (self.dist_owner == -1) | (self.dist_owner == j)
+        spread = own_free + int(self.free[ok].sum())
+        if held.size == 0:
+            return max(spread, int(self.free.max(initial=0)))
+        return spread
+
     def best_growth(self, j: int) -> _Move | None:
         k = int(self.k[j])
         cap = int(self.pb.max_replicas[j])
@@ -165,7 +204,10 @@ class _Search:
         start = max(1, int(self.pb.min_replicas[j]) - k) if k == 0 else 1
         horizon = min(room, max(self.pb.gpus_per_node, start))
         best: _Move | None = None
+        reach = self._reach(j)
         for extra in self.pb.levers.growth_sizes(start, horizon, room, self.pb.gpus_per_node):
+            if extra > reach:  # _grow_plan would say None: skip its work
+                continue
             plan = self._grow_plan(j, extra)
             if plan is None:
                 continue
@@ -224,6 +266,28 @@ class _Search:
         row[n] -= 1
         return self.util[j] - self._row_utility(j, row), n
 
+    def _shrink_options(self) -> list[tuple[float, int] | None]:
+        """:meth:`_shrink_option` of every job, its row statistics taken matrix-wide."""
+        pb, state, base = self.pb, self.state, self.pb.base
+        rows = np.arange(pb.num_jobs)
+        # The node each job gives up from: its first node holding the fewest of its GPUs.
+        n_min = np.argmin(np.where(state > 0, state, np.iinfo(np.int64).max), axis=1)
+        at, base_at = state[rows, n_min], base[rows, n_min]
+        spans = (np.count_nonzero(state, axis=1) - (at == 1)).tolist()
+        # Positions differing from the current allocation once the GPU is given up.
+        diffs = np.count_nonzero(state != base, axis=1) - (at != base_at) + (at - 1 != base_at)
+        ks, mins = self.k.tolist(), pb.min_replicas.tolist()
+        nodes, changed = n_min.tolist(), (diffs > 0).tolist()
+        out: list[tuple[float, int] | None] = []
+        for j in range(pb.num_jobs):
+            k = ks[j]
+            if k <= max(self.floor, 0) or 0 < k - 1 < mins[j]:
+                out.append(None)
+                continue
+            lost = self._utility_of(j, k - 1, spans[j], changed[j])
+            out.append((float(self.util[j]) - lost, nodes[j]))
+        return out
+
     def _grow_estimate(self, j: int) -> float:
         """Gain of one more GPU for job j on the nodes it already spans (a cheap bound used
         to short-list receivers)."""
@@ -233,6 +297,20 @@ class _Search:
             return -np.inf
         nodes = max(int(np.count_nonzero(self.state[j])), 1)
         return pb.utility(j, pb.speedup(j, nodes, k + 1, changed=True)) - float(self.util[j])
+
+    def _grow_estimates(self) -> FloatArray:
+        """:meth:`_grow_estimate` of every job, its row statistics taken matrix-wide."""
+        pb = self.pb
+        ks, caps, mins = self.k.tolist(), pb.max_replicas.tolist(), pb.min_replicas.tolist()
+        spans = np.maximum(np.count_nonzero(self.state, axis=1), 1).tolist()
+        out = np.full(pb.num_jobs, -np.inf)
+        for j in range(pb.num_jobs):
+            k = ks[j]
+            if k >= caps[j] or (k == 0 and mins[j] > 1):
+                continue
+            gain = pb.utility(j, pb.speedup(j, spans[j], k + 1, changed=True))
+            out[j] = gain - float(self.util[j])
+        return out
 
     def transfers(self, max_rounds: int, shortlist: int = 48) -> bool:
         """Move single GPUs from cheap donors to the jobs that gain most from them.
@@ -244,8 +322,8 @@ class _Search:
         """
         pb = self.pb
         improved = False
-        shrink = [self._shrink_option(j) for j in range(pb.num_jobs)]
-        estimate = np.array([self._grow_estimate(j) for j in range(pb.num_jobs)])
+        shrink = self._shrink_options()
+        estimate = self._grow_estimates()
         for _ in range(max_rounds):
             options = sorted(
                 (opt[0], j, opt[1]) for j, opt in enumerate(shrink) if opt is not None
@@ -334,10 +412,10 @@ class _Search:
     def reverts(self) -> bool:
         """Put a changed job back on its current allocation when that is feasible and pays."""
         improved = False
-        for j in range(self.pb.num_jobs):
+        # Row j changes only at its own turn, so every row's test can be taken up front.
+        skip = ~np.any(self.state != self.pb.base, axis=1) | (self.pb.base.sum(axis=1) == 0)
+        for j in np.flatnonzero(~skip).tolist():
             base = self.pb.base[j]
-            if np.array_equal(self.state[j], base) or base.sum() == 0:
-                continue
             free_if = self.free + self.state[j]
             if np.any(base > free_if):
                 continue

@@ -34,3 +34,24 @@ def test_zero_replicas_zero_speedup_and_memo_consistency() -> None:
 def test_bad_reference_rejected() -> None:
     with pytest.raises(ValueError, match="reference"):
         SpeedupFunction(MODEL, LIMITS, ref_nodes=2, ref_replicas=1)
+
+
+def test_every_multi_node_spread_is_priced_once_and_exactly() -> None:
+    """The model reads nodes only as one or several (eq. 11), so (3, 8) and (2, 8) share a
+    memo entry and a prefetch of K GPUs on n and n + 1 nodes asks each shape once; every value
+    equals the model's own price of that exact allocation."""
+    k = np.arange(1, 33)
+    n = -(-k // 4)
+    prefetch = (np.concatenate([n, n + 1]), np.concatenate([k, k]))
+    built = SpeedupFunction.build_many([MODEL], [LIMITS], 1, 4, [prefetch])[0]
+    single = SpeedupFunction(MODEL, LIMITS, ref_nodes=1, ref_replicas=4, prefetch=prefetch)
+    nodes, gpus = prefetch
+    shapes = {(min(a, 2), b) for a, b in zip(nodes.tolist(), gpus.tolist(), strict=True)}
+    assert len(built._memo) == len(shapes)
+    ref = MODEL.optimize(1, 4, LIMITS).goodput
+    for a, b in zip(nodes.tolist(), gpus.tolist(), strict=True):
+        exact = float(MODEL.optimize(a, b, LIMITS).goodput / ref)
+        assert built.scalar(a, b) == pytest.approx(exact, rel=1e-12)
+        assert single.scalar(a, b) == built.scalar(a, b)
+    np.testing.assert_array_equal(built(nodes, gpus), single(nodes, gpus))
+    assert built.scalar(7, 24) == built.scalar(2, 24)

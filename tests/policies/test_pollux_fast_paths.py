@@ -1,5 +1,6 @@
 """The round-latency fast paths of ``pollux`` give exactly what the plain code gave: growth
-plans, count tables (cached per problem while its pricing is unchanged) and one-state speedups."""
+plans and where they stop, count tables (cached per problem while its pricing is unchanged),
+one-state speedups and the search's matrix-wide row statistics."""
 
 from __future__ import annotations
 
@@ -59,6 +60,59 @@ def test_growth_plans_match_the_node_loop(seed: int) -> None:
             move = s.best_growth(j)
             if move is not None:
                 s.apply(move)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reach_is_exactly_where_growth_plans_stop(seed: int) -> None:
+    """best_growth skips sizes above ``_reach``: each of those must be one _grow_plan refuses,
+    and each size at or below it one it places (so no decision changes), on crowded states
+    where free GPUs sit on other distributed jobs' nodes."""
+    snap = random_snapshot(seed, num_nodes=12, num_jobs=18)
+    pb = PolluxProblem(snap)
+    s = _Search(pb, pb.base)
+    rng = np.random.default_rng(seed)
+    refused = placed = 0
+    for _ in range(80):
+        j = int(rng.integers(pb.num_jobs))
+        reach = s._reach(j)
+        for extra in range(1, int(s.free.sum()) + 2):
+            plan = s._grow_plan(j, extra)
+            assert (plan is None) == (extra > reach), (j, extra, reach)
+            refused += plan is None
+            placed += plan is not None
+        move = s.best_growth(j)
+        if move is not None:
+            s.apply(move)
+    assert refused and placed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matrix_wide_row_statistics_equal_the_per_row_code(seed: int) -> None:
+    """The search's utilities, shrink options and growth estimates taken matrix-wide are the
+    per-row methods' values exactly, as jobs grow, shrink and return to their allocations."""
+    snap = random_snapshot(seed, num_nodes=12, num_jobs=18)
+    pb = PolluxProblem(snap)
+    s = _Search(pb, pb.base, floor=seed % 2)
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        fresh = _Search(pb, s.state, floor=s.floor)
+        want_util = [s._row_utility(j, s.state[j]) for j in range(pb.num_jobs)]
+        assert fresh.util.tolist() == want_util
+        assert s._shrink_options() == [s._shrink_option(j) for j in range(pb.num_jobs)]
+        want = [s._grow_estimate(j) for j in range(pb.num_jobs)]
+        assert s._grow_estimates().tolist() == want
+        j = int(rng.integers(pb.num_jobs))
+        if rng.random() < 0.6:
+            move = s.best_growth(j)
+            if move is not None:
+                s.apply(move)
+        elif s.k[j] > 0:
+            n = int(np.flatnonzero(s.state[j])[0])
+            s.state[j, n] -= 1
+            s.free[n] += 1
+            s._refresh(j)
+        if rng.random() < 0.2:
+            s.reverts()
 
 
 def test_count_tables_follow_caps_bases_and_pricing() -> None:
