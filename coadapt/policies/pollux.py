@@ -503,6 +503,7 @@ def _choose_counts(
         counts = [0] * problem.num_jobs
         admitted = [True] * problem.num_jobs
     free = problem.total_gpus - sum(counts)
+    base_ks = problem.base.sum(axis=1).tolist()
 
     def best_step(j: int) -> tuple[float, int]:
         k = counts[j]
@@ -514,7 +515,7 @@ def _choose_counts(
             rate = (row[k2] - row[k]) / (k2 - k)
             if rate > best_rate + _TOL:
                 best_rate, best_k = rate, k2
-        base_k = int(problem.base[j].sum())
+        base_k = base_ks[j]
         if top < base_k <= k + free and base_k > k:  # the way back to the current allocation
             rate = (row[base_k] - row[k]) / (base_k - k)
             if rate > best_rate + _TOL:
@@ -621,21 +622,22 @@ def _pack(problem: PolluxProblem, counts: list[int]) -> IntArray:
 
     resize: list[int] = []
     fresh: list[int] = []
+    base_k = problem.base.sum(axis=1).tolist()
     for j, k in enumerate(counts):
-        base = problem.base[j]
-        kb = int(base.sum())
+        kb = base_k[j]
         if k <= 0:
             continue
         if kb == 0:
             fresh.append(j)
         elif k == kb:
+            base = problem.base[j]
             state[j] = base
             free -= base
             claim(j)
         else:
             resize.append(j)
     # Shrinking jobs first: they release capacity the growing ones may need.
-    resize.sort(key=lambda j: (counts[j] > int(problem.base[j].sum()), -counts[j]))
+    resize.sort(key=lambda j: (counts[j] > base_k[j], -counts[j]))
     for j in resize:
         row = problem.base[j].copy()
         if np.any(row > free) or (

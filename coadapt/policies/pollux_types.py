@@ -69,9 +69,12 @@ def current_type(snapshot: ClusterSnapshot, job: str) -> str | None:
     return max(sorted(held), key=lambda t: held[t])
 
 
-def type_snapshot(snapshot: ClusterSnapshot, gpu_type: str) -> ClusterSnapshot:
+def type_snapshot(
+    snapshot: ClusterSnapshot, gpu_type: str, held: dict[str, str | None] | None = None
+) -> ClusterSnapshot:
     """``snapshot`` restricted to ``gpu_type``: its nodes, the jobs allowed on it (with their
-    model for it), and their current allocations if they are on it."""
+    model for it), and their current allocations if they are on it. ``held``: each job's
+    :func:`current_type`, when the caller has it already (one per round, not one per type)."""
     idx = [i for i, n in enumerate(snapshot.nodes) if n.gpu_type == gpu_type]
     take = np.asarray(idx, dtype=np.int64)
     jobs: dict[str, JobInfo] = {}
@@ -83,7 +86,10 @@ def type_snapshot(snapshot: ClusterSnapshot, gpu_type: str) -> ClusterSnapshot:
             job, goodput=job.goodput_on(gpu_type), goodput_by_type=None, gpu_types=None
         )
         alloc = snapshot.current.get(name)
-        if alloc is not None and current_type(snapshot, name) == gpu_type:
+        if alloc is None:
+            continue
+        on = held[name] if held is not None else current_type(snapshot, name)
+        if on == gpu_type:
             current[name] = tuple(np.asarray(alloc, dtype=np.int64)[take].tolist())
     return replace(
         snapshot, nodes=tuple(snapshot.nodes[i] for i in idx), jobs=jobs, current=current
@@ -144,9 +150,10 @@ class TypedPollux:
         )
         self.row = {name: i for i, name in enumerate(self.names)}
         self.speedups: dict[str, float] = {}
+        self.held = {name: current_type(snapshot, name) for name in self.names}
         self.types: list[_TypeProblem] = []
         for t in snapshot.gpu_types:
-            sub = type_snapshot(snapshot, t)
+            sub = type_snapshot(snapshot, t, self.held)
             if not sub.jobs or not sub.nodes:
                 continue
             pb = make_problem(sub, fair_share)
@@ -239,7 +246,7 @@ class TypedPollux:
         """Allocations (global node order) and the decision's FITNESS_p."""
         assign: dict[str, str | None] = {}
         for name in self.names:
-            t = current_type(self.snapshot, name)
+            t = self.held[name]
             job = self.snapshot.jobs[name]
             assign[name] = t if t is not None and job.allows(t) else None
         states: dict[str, IntArray] = {}

@@ -55,3 +55,32 @@ def test_every_multi_node_spread_is_priced_once_and_exactly() -> None:
         assert single.scalar(a, b) == built.scalar(a, b)
     np.testing.assert_array_equal(built(nodes, gpus), single(nodes, gpus))
     assert built.scalar(7, 24) == built.scalar(2, 24)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_build_many_equals_each_jobs_own_constructor_bit_for_bit(seed: int) -> None:
+    """The bulk build (one batch-choice call, whole-array bookkeeping) gives every job the
+    memo and reference its own constructor gives, including jobs without a model or a
+    prefetch, and a reference no batch split can run (the one-GPU fallback)."""
+    from tests.policies.builders import random_model
+
+    rng = np.random.default_rng(seed)
+    models: list[GoodputModel | None] = []
+    limits: list[BatchLimits] = []
+    prefetch: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for i in range(12):
+        model, lim = random_model(rng)
+        if i % 5 == 4:
+            lim = BatchLimits(lim.init_batch_size, lim.init_batch_size, 64, 64)  # ref infeasible
+        models.append(None if i % 7 == 3 else model)
+        limits.append(lim)
+        cap = int(rng.integers(1, 40))
+        k = np.arange(1, cap + 1)
+        n = -(-k // 4)
+        prefetch.append(None if i % 6 == 5 else (np.concatenate([n, n + 1]), np.tile(k, 2)))
+    built = SpeedupFunction.build_many(models, limits, 2, 8, prefetch)
+    for m, lim, pre, fn in zip(models, limits, prefetch, built, strict=True):
+        own = SpeedupFunction(m, lim, ref_nodes=2, ref_replicas=8, prefetch=pre)
+        assert fn.reference_goodput == own.reference_goodput
+        assert fn._memo == own._memo
+        assert (fn.model is None) == (m is None)
