@@ -198,6 +198,8 @@ class _Search:
     def best_growth(self, j: int) -> _Move | None:
         k = int(self.k[j])
         cap = int(self.pb.max_replicas[j])
+        if cap <= k:  # first: in a type's problem most jobs are capped at 0 (placed elsewhere)
+            return None
         room = min(cap - k, int(self.free.sum()))
         if room <= 0:
             return None
@@ -522,9 +524,12 @@ def _choose_counts(
                 best_rate, best_k = rate, base_k
         return best_rate, best_k
 
+    # A job with no GPU count to choose (capped at 0 here, none held) keeps 0: best_step and
+    # refresh would leave it as it starts (most jobs of a type's problem in a typed round).
+    idle = [len(tables[j]) == 1 and counts[j] == 0 and base_ks[j] == 0 for j in range(len(tables))]
     heap = []
     for j in range(problem.num_jobs):
-        if not admitted[j]:
+        if not admitted[j] or idle[j]:
             continue
         rate, k2 = best_step(j)
         if k2 > counts[j]:
@@ -561,7 +566,8 @@ def _choose_counts(
             down[a, j] = row[k] - row[rest] if shrink else np.inf
 
     for j in range(problem.num_jobs):
-        refresh(j)
+        if not idle[j]:
+            refresh(j)
     for _ in range(4 * problem.total_gpus + problem.num_jobs):
         if free > 0:  # idle GPUs: hand them out by gain per GPU
             best_rate, best_a, best_r = _TOL, 0, -1
