@@ -311,11 +311,16 @@ class PolluxProblem:
 
     def _compact_shapes(self, cap: int) -> tuple[IntArray, IntArray]:
         """(nodes, GPUs) the search mostly asks about: K GPUs on the fewest nodes, and on one
-        more; evaluated up front in one vectorised call per job."""
+        more; evaluated up front in one vectorised call per job. Also a node's worth plus one
+        on one node: the search's cheap growth bound asks it of a job filling one node."""
         k = np.arange(1, max(cap, 1) + 1)
         n = np.maximum(-(-k // self.gpus_per_node), 1)
         nodes = np.minimum(np.concatenate([n, np.minimum(n + 1, k)]), max(self.num_nodes, 1))
-        return nodes, np.concatenate([k, k])
+        gpus = np.concatenate([k, k])
+        if cap > self.gpus_per_node:
+            nodes = np.append(nodes, 1)
+            gpus = np.append(gpus, self.gpus_per_node + 1)
+        return nodes, gpus
 
     # ----------------------------------------------------------------- states
     def _base_state(self) -> IntArray:
