@@ -225,9 +225,10 @@ class _Search:
             self.free[n] -= c
         self._refresh(j)
 
-    def _refresh(self, j: int) -> None:
+    def _refresh(self, j: int, util: float | None = None) -> None:
+        """Job j's count, utility (``util``: known already for this row) and node marks."""
         self.k[j] = int(self.state[j].sum())
-        self.util[j] = self._row_utility(j, self.state[j])
+        self.util[j] = self._row_utility(j, self.state[j]) if util is None else util
         self.dist_owner[self.dist_owner == j] = -1
         if np.count_nonzero(self.state[j]) > 1:
             self.dist_owner[self.state[j] > 0] = j
@@ -376,17 +377,17 @@ class _Search:
         """Like :meth:`transfers`, but each receiver may regrow anywhere (slower, wider)."""
         improved = False
         for _ in range(max_rounds):
-            options = []
-            for j in range(self.pb.num_jobs):
-                opt = self._shrink_option(j)
-                if opt is not None:
-                    options.append((opt[0], j, opt[1]))
+            options = [(opt[0], j, opt[1]) for j, opt in enumerate(self._shrink_options()) if opt]
             if not options:
                 return improved
             options.sort()
             donors = options[: min(len(options), 6)]
             receivers = np.argsort(self.util, kind="stable")
             moved = False
+            # A donor's row without its GPU, and with it, is the same for every receiver
+            # tried this round: price each once.
+            given: dict[int, float] = {}
+            kept = {d: float(self.util[d]) for _, d, _ in donors}
             for r in receivers[: min(len(receivers), 24)]:
                 r = int(r)
                 if self.k[r] >= self.pb.max_replicas[r]:
@@ -396,7 +397,8 @@ class _Search:
                         continue
                     self.state[d, n] -= 1
                     self.free[n] += 1
-                    self._refresh(d)
+                    self._refresh(d, given.get(d))
+                    given[d] = float(self.util[d])
                     move = self.best_growth(r)
                     if move is not None and move.gain - loss > 1e-9:
                         self.apply(move)
@@ -404,7 +406,7 @@ class _Search:
                         break
                     self.state[d, n] += 1
                     self.free[n] -= 1
-                    self._refresh(d)
+                    self._refresh(d, kept[d])
                 if moved:
                     break
             if not moved:

@@ -159,3 +159,24 @@ def test_sliced_batch_choice_is_the_whole_one_bit_for_bit() -> None:
         optimize_columns(cols, nodes, reps), _optimize_slice(cols, nodes, reps), strict=True
     ):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_wide_transfers_reuse_donor_prices_exactly(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transfers_wide prices each donor's row once a round; pricing it afresh every time (the
+    plain code) ends in the same allocation."""
+    snap = random_snapshot(seed, num_nodes=6, num_jobs=12)
+    pb = PolluxProblem(snap)
+
+    def widened() -> np.ndarray:
+        s = _Search(pb, pb.base)
+        s.greedy()
+        s.transfers_wide(5)
+        return s.state.copy()
+
+    cached = widened()
+    plain = _Search._refresh
+    monkeypatch.setattr(_Search, "_refresh", lambda self, j, util=None: plain(self, j))
+    np.testing.assert_array_equal(cached, widened())
