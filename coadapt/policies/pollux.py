@@ -236,7 +236,8 @@ class _Search:
     def greedy(self) -> None:
         """Lazy greedy on gain per GPU: re-evaluate the popped job, apply if still best."""
         heap: list[tuple[float, int]] = []
-        for j in range(self.pb.num_jobs):
+        # Only jobs below their cap can grow (in a type's problem most are capped at 0).
+        for j in np.flatnonzero(self.pb.max_replicas > self.k).tolist():
             move = self.best_growth(j)
             if move is not None and move.gain > _TOL:
                 heap.append((-move.gain / move.gpus, j))
@@ -665,10 +666,11 @@ def _pack(problem: PolluxProblem, counts: list[int]) -> IntArray:
         state[j] = row
         free -= row
         need = counts[j] - int(row.sum())
-        for n in np.argsort(-free, kind="stable"):  # grow: own nodes first
+        own = np.flatnonzero(row > 0)
+        for n in own[np.argsort(-free[own], kind="stable")]:  # grow: own nodes first, freest
             if need == 0:
                 break
-            if row[n] > 0 and free[n] > 0:
+            if free[n] > 0:
                 take = int(min(free[n], need))
                 state[j, n] += take
                 free[n] -= take
