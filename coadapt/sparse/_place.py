@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from coadapt.sparse._jit import kernel
-from coadapt.sparse._probe import _buckets, _splitmix
+from coadapt.sparse._probe import _buckets, _helper, _splitmix
 
 __all__ = ["MAX_KICKS", "place_items"]
 
@@ -39,6 +39,18 @@ _WAYS = np.uint64(2 * _BUCKET)
 #: table's MAX_LOAD (96 % of 8-slot buckets, two choices) walks are short; a long one means the
 #: segment is too full for this item.
 MAX_KICKS = 500
+
+
+@_helper
+def _free_slots(keys: Any, g: Any) -> tuple[Any, Any]:  # pragma: no cover - compiled
+    """How many slots of the bucket starting at ``g`` are empty, and the first of them (-1)."""
+    free, first = 0, -1
+    for j in range(_BUCKET):
+        if keys[g + j] == 0:
+            if first < 0:
+                first = g + j
+            free += 1
+    return free, first
 
 
 @kernel()
@@ -69,18 +81,8 @@ def place_items(  # pragma: no cover - compiled; tests/sparse/test_place.py exer
         kicks = 0
         while True:
             g1, g2 = _buckets(k, s, nb, seg_buckets, b2_bits)
-            free1, first1 = 0, -1
-            for j in range(_BUCKET):
-                if keys[g1 + j] == 0:
-                    if first1 < 0:
-                        first1 = g1 + j
-                    free1 += 1
-            free2, first2 = 0, -1
-            for j in range(_BUCKET):
-                if keys[g2 + j] == 0:
-                    if first2 < 0:
-                        first2 = g2 + j
-                    free2 += 1
+            free1, first1 = _free_slots(keys, g1)
+            free2, first2 = _free_slots(keys, g2)
             if free1 + free2 > 0:
                 slot = first2 if free2 > free1 else first1
                 keys[slot] = k
