@@ -113,8 +113,8 @@ class _Search:
 
     def _row_utility(self, j: int, row: IntArray) -> float:
         k = int(row.sum())
-        if k == 0:
-            return self.pb.utility(j, 0.0)
+        if k == 0:  # skip the node count and comparison: nothing is held
+            return self._utility_of(j, 0, 0, False)
         nodes = int(np.count_nonzero(row))
         changed = not np.array_equal(row, self.pb.base[j])
         return self._utility_of(j, k, nodes, changed)
