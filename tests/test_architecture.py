@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1] / "coadapt"
 
 #: Bottom to top; a top-level part of ``coadapt`` not listed here fails the test (place it).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # version, free_port, wire formats, crash-safe file replacement
-    ("coadapt", "coadapt.ports", "coadapt.protocol", "coadapt.atomicfile"),
+    # version, free_port, wire formats, crash-safe file replacement, compiled-kernel shim
+    ("coadapt", "coadapt.ports", "coadapt.protocol", "coadapt.atomicfile", "coadapt._jit"),
     ("coadapt.goodput",),  # the goodput model
     ("coadapt.policies", "coadapt.train", "coadapt.executors", "coadapt.sparse"),
     ("coadapt.sim", "coadapt.serve"),  # the simulator runs the policies; serving

@@ -935,6 +935,7 @@ def profile_main(argv: list[str]) -> int:
     import torch
     import torch.nn.functional as F
 
+    from coadapt._jit import jit_available
     from coadapt.serve import codec
     from coadapt.serve.models import CtrRanker
     from coadapt.serve.sparse_model import (
@@ -944,7 +945,6 @@ def profile_main(argv: list[str]) -> int:
         _by_shard,
         _swap_embeddings,
     )
-    from coadapt.sparse._jit import jit_available
     from coadapt.sparse.embedding import ids_to_numpy
     from coadapt.sparse.table import HUGE_PAGE_MODES
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from coadapt.goodput._batch_kernel import compiled as compiled_choice
+
 FloatArray = NDArray[np.float64]
 
 #: Number of total-batch candidates tried by :meth:`GoodputModel.optimize` (as the reference
@@ -339,10 +341,31 @@ def optimize_columns(
 ) -> tuple[FloatArray, NDArray[np.int64], NDArray[np.int64]]:
     """Eq. 14 for Q queries at once: (goodput, m*, s*) per query; see GoodputModel.optimize.
 
-    Element-wise over queries, so it runs in slices of ``COLUMN_CHUNK`` with the same result."""
+    With numba, one compiled pass (:mod:`coadapt.goodput._batch_kernel`, same arithmetic, same
+    result); otherwise element-wise numpy in slices of ``COLUMN_CHUNK``."""
     nodes = np.asarray(num_nodes, dtype=np.int64).ravel()
     replicas = np.asarray(num_replicas, dtype=np.int64).ravel()
     q = replicas.size
+    choose = compiled_choice()
+    if choose is not None:
+        good = np.empty(q, dtype=np.float64)
+        atomic = np.empty(q, dtype=np.int64)
+        accum = np.empty(q, dtype=np.int64)
+        choose(
+            np.ascontiguousarray(cols.perf, dtype=np.float64),
+            *(np.ascontiguousarray(a, dtype=np.float64) for a in _float_columns(cols)),
+            np.ascontiguousarray(cols.accumulation, dtype=np.bool_),
+            np.ascontiguousarray(cols.pinned, dtype=np.float64),
+            np.ascontiguousarray(cols.accumulate_to_measure, dtype=np.bool_),
+            nodes,
+            replicas,
+            _candidate_fractions(),
+            _EPS,
+            good,
+            atomic,
+            accum,
+        )
+        return good, atomic, accum
     if q <= COLUMN_CHUNK:
         return _optimize_slice(cols, nodes, replicas)
     good = np.empty(q, dtype=np.float64)
@@ -356,6 +379,21 @@ def optimize_columns(
     return good, atomic, accum
 
 
+def _float_columns(cols: BatchColumns) -> tuple[FloatArray, ...]:
+    return (
+        cols.sqr,
+        cols.var,
+        cols.init_batch,
+        cols.min_local,
+        cols.upper_local,
+        cols.max_batch,
+    )
+
+
+def _candidate_fractions() -> FloatArray:
+    return np.linspace(0.0, 1.0, BATCH_CANDIDATES)
+
+
 def _optimize_slice(
     cols: BatchColumns, num_nodes: ArrayLike, num_replicas: ArrayLike
 ) -> tuple[FloatArray, NDArray[np.int64], NDArray[np.int64]]:
@@ -366,7 +404,7 @@ def _optimize_slice(
     pinned = cols.pinned > 0
     lo = np.maximum(m0, cols.min_local * replicas)
     hi = np.maximum(cols.max_batch, lo)
-    frac = np.linspace(0.0, 1.0, BATCH_CANDIDATES)[:, None]
+    frac = _candidate_fractions()[:, None]
     batch = lo * (hi / lo) ** frac  # geometric grid, (C, Q)
     batch = np.where(pinned, cols.pinned, batch)
     local = batch / replicas

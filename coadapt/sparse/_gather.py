@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from coadapt.sparse._jit import kernel
+from coadapt._jit import kernel
 from coadapt.sparse._probe import _prefetch2
 
 __all__ = ["gather_embeddings"]

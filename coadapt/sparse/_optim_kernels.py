@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from coadapt.sparse._jit import kernel
+from coadapt._jit import kernel
 from coadapt.sparse._probe import _helper, _prefetch2
 
 __all__ = ["fused_apply", "fused_available"]

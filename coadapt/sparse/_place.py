@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from coadapt.sparse._jit import kernel
+from coadapt._jit import kernel
 from coadapt.sparse._probe import _buckets, _helper, _splitmix
 
 __all__ = ["MAX_KICKS", "place_items"]

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from coadapt.sparse._jit import jit_available, kernel
+from coadapt._jit import jit_available, kernel
 
 __all__ = ["probe_keys", "probe_stored", "split_shards", "take_found", "warm"]
 

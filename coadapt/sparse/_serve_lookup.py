@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from coadapt.sparse._jit import jit_available, kernel
+from coadapt._jit import jit_available, kernel
 from coadapt.sparse._probe import (
     _BUCKET,
     _ONE,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coadapt.sparse._jit import kernel
+from coadapt._jit import kernel
 from coadapt.sparse.client import LocalStore, SparseStore, dedupe
 from coadapt.sparse.server import TableSpec
 

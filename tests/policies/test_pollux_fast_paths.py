@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coadapt.goodput.model import COLUMN_CHUNK, BatchColumns, _optimize_slice, optimize_columns
 from coadapt.policies.pollux import _count_utilities, _Search
 from coadapt.policies.pollux_problem import PolluxProblem
-from tests.policies.builders import random_model, random_snapshot
+from tests.policies.builders import random_snapshot
 
 
 def _reference_grow_plan(s: _Search, j: int, extra: int) -> tuple[tuple[int, int], ...] | None:
@@ -140,25 +139,6 @@ def test_one_state_speedups_equal_the_batched_path() -> None:
     one = pb.job_speedups(state[None])
     two = pb.job_speedups(np.stack([state, state]))  # P = 2: the per-job array path
     np.testing.assert_array_equal(one[0], two[0])
-
-
-def test_sliced_batch_choice_is_the_whole_one_bit_for_bit() -> None:
-    rng = np.random.default_rng(0)
-    models, limits, counts = [], [], []
-    for _ in range(40):
-        m, lim = random_model(rng)
-        models.append(m)
-        limits.append(lim)
-        counts.append(int(rng.integers(20, 90)))
-    cols = BatchColumns.of(models, limits, counts)
-    q = sum(counts)
-    assert q > 2 * COLUMN_CHUNK
-    reps = rng.integers(1, 65, q)
-    nodes = np.maximum(-(-reps // 4), 1)
-    for got, want in zip(
-        optimize_columns(cols, nodes, reps), _optimize_slice(cols, nodes, reps), strict=True
-    ):
-        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("seed", range(6))

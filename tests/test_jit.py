@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from coadapt.sparse import _jit
+from coadapt import _jit
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,6 @@ def test_disabled_by_env_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_compiled_kernel_matches_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("numba", reason="the sparse extra (numba) is part of `make test`")
     monkeypatch.delenv(_jit.ENV_NO_JIT, raising=False)
     assert _jit.jit_available()
     k = _jit.kernel()(_add_one)

@@ -1,10 +1,10 @@
-"""Compiled kernels for the sparse hot paths: numba when it is installed, numpy otherwise.
+"""Compiled kernels for the hot paths (numba), with the same code on numpy as the fallback.
 
 Why: a vectorised numpy probe of the embedding table makes ~20 passes over a batch of IDs and
-runs on one core; FBGEMM (TorchRec) and Monolith's C++ tables do one pass per key. numba compiles
-plain Python loops to machine code with no compiler on the machine (a PyPI wheel), so the same
-repository runs everywhere: ``pip install coadapt[sparse]`` (part of ``all``) gets the compiled
-kernels, a bare install keeps the exact numpy path. Both paths are tested against each other.
+runs on one core, and the scheduler's batch choice builds ~20 temporaries per candidate grid;
+FBGEMM (TorchRec) and Monolith's C++ tables do one pass per key. numba compiles plain Python
+loops to machine code with no compiler on the machine (a PyPI wheel, a core dependency); a
+platform without it keeps the exact numpy paths. Both paths are tested against each other.
 
 ``COADAPT_NO_JIT=1`` forces the numpy path (for comparisons and for debugging a kernel).
 Compiled code is cached on disk so only the first process on a machine pays the compile:
