@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+import numpy as np
+
 from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo
 
 #: Job, GPU type, changed? -> the job's speedup on one GPU of that type.
@@ -73,11 +75,16 @@ def split_guests(
     ``known`` a node with several 1-GPU jobs can name the wrong one the guest; the optimiser
     then moves the real host, a restart for nothing.
     """
+    if not any(job.packing_key is not None for job in snapshot.jobs.values()):
+        return {}  # nothing can be a guest
     width = len(snapshot.nodes)
     used = [0] * width
-    for alloc in snapshot.current.values():
-        for i, k in enumerate(alloc[:width]):
-            used[i] += int(k)
+    if snapshot.current:
+        rows = [
+            tuple(alloc[:width]) + (0,) * (width - len(alloc))
+            for alloc in snapshot.current.values()
+        ]
+        used = np.asarray(rows, dtype=np.int64).sum(axis=0).tolist()
 
     def one_gpu_node(name: str) -> int | None:
         job = snapshot.jobs.get(name)

@@ -31,6 +31,7 @@ the priority weights of FITNESS_p (:mod:`coadapt.policies.pollux_problem`).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -218,6 +219,32 @@ class _Search:
                 best = _Move(gain, j, plan)
         return best
 
+    def _gain_ceiling(self, j: int, free_gpus: int) -> float:
+        """No :meth:`best_growth` of job j with ``free_gpus`` free in all gains more than
+        this (its best speedup over the counts a growth step may reach, as if unchanged and
+        never discounted, minus its utility now); +inf where that cannot be bounded."""
+        pb = self.pb
+        if pb.weights is not None and float(np.min(pb.weights)) < 0:
+            return math.inf  # the utility would not rise with the speedup
+        k = int(self.k[j])
+        room = min(int(pb.max_replicas[j]) - k, free_gpus)
+        if room <= 0:
+            return -math.inf
+        start = max(1, int(pb.min_replicas[j]) - k) if k == 0 else 1
+        sizes = pb.levers.growth_sizes(
+            start, min(room, max(pb.gpus_per_node, start)), room, pb.gpus_per_node
+        )
+        fn, per_node = pb.speedup_fns[j], pb.gpus_per_node
+        best = 0.0
+        for extra in sizes:
+            count = k + extra
+            if count <= per_node:
+                best = max(best, fn.scalar(1, count))
+            if count >= 2:
+                best = max(best, fn.scalar(2, count))
+        factor = max(1.0, float(pb.realloc_factor[j]) * (1.0 - pb.switch_margin))
+        return pb.utility(j, best * float(pb.scale[j]) * factor) - float(self.util[j])
+
     def apply(self, move: _Move) -> None:
         j = move.job
         for n, c in move.plan:
@@ -389,13 +416,19 @@ class _Search:
             # tried this round: price each once.
             given: dict[int, float] = {}
             kept = {d: float(self.util[d]) for _, d, _ in donors}
+            free_gpus = int(self.free.sum()) + 1  # once a donor gave up its GPU
             for r in receivers[: min(len(receivers), 24)]:
                 r = int(r)
                 if self.k[r] >= self.pb.max_replicas[r]:
                     continue
+                ceiling = self._gain_ceiling(r, free_gpus)
+                if ceiling == -math.inf:
+                    continue  # no room to grow into
+                # Rounding slack: the ceiling prices the speedup in another order of products.
+                slack = 1e-9 * (1.0 + abs(ceiling) + abs(float(self.util[r])))
                 for loss, d, n in donors:
-                    if d == r:
-                        continue
+                    if d == r or ceiling - loss + slack <= 1e-9:
+                        continue  # r could not gain more than d would lose
                     self.state[d, n] -= 1
                     self.free[n] += 1
                     self._refresh(d, given.get(d))

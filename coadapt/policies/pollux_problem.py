@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from coadapt.goodput import BatchLimits, GoodputModel, GradParams, SpeedupFunction, exploration_cap
 from coadapt.policies.base import Allocation, ClusterSnapshot, JobInfo
@@ -218,7 +218,7 @@ class PolluxProblem:
             [_limits_for(job) for job in self.jobs],
             ref_nodes=fair_n,
             ref_replicas=fair_k,
-            prefetch=[self._compact_shapes(int(c)) for c in self.max_replicas],
+            prefetch=self._prefetch_shapes(),
         )
         self.min_replicas: IntArray = np.array(
             [max(job.min_replicas, 0) for job in self.jobs], dtype=np.int64
@@ -308,6 +308,18 @@ class PolluxProblem:
             s_now = self.speedup_fns[j].scalar(nodes, k) * float(self.scale[j])
             horizon = max(job.age(self.snapshot.now), delta, 1.0)
             self.payback_penalty[j] = self.levers.payback * delta * s_now / horizon
+
+    def _prefetch_shapes(self) -> list[tuple[ArrayLike, ArrayLike] | None]:
+        """Each job's :meth:`_compact_shapes`, built once per distinct cap (read-only arrays
+        shared by the jobs with that cap: a 2048-GPU round has ~3000 jobs and ~70 caps)."""
+        by_cap: dict[int, tuple[ArrayLike, ArrayLike]] = {}
+        out: list[tuple[ArrayLike, ArrayLike] | None] = []
+        for c in self.max_replicas.tolist():
+            shapes = by_cap.get(c)
+            if shapes is None:
+                shapes = by_cap[c] = self._compact_shapes(c)
+            out.append(shapes)
+        return out
 
     def _compact_shapes(self, cap: int) -> tuple[IntArray, IntArray]:
         """(nodes, GPUs) the search mostly asks about: K GPUs on the fewest nodes, and on one

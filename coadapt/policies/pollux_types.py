@@ -69,6 +69,20 @@ def current_type(snapshot: ClusterSnapshot, job: str) -> str | None:
     return max(sorted(held), key=lambda t: held[t])
 
 
+def _on_type(job: JobInfo, gpu_type: str) -> JobInfo:
+    """``job`` as a one-type problem sees it: ``replace(job, goodput=job.goodput_on(gpu_type),
+    goodput_by_type=None, gpu_types=None)``, made by copying the frozen instance's fields at
+    once (dataclasses.replace walks and re-validates every field: a 2048-GPU round on three
+    types makes ~3000 of these)."""
+    clone = object.__new__(JobInfo)
+    fields = clone.__dict__
+    fields.update(job.__dict__)
+    fields["goodput"] = job.goodput_on(gpu_type)
+    fields["goodput_by_type"] = None
+    fields["gpu_types"] = None
+    return clone
+
+
 def type_snapshot(
     snapshot: ClusterSnapshot, gpu_type: str, held: dict[str, str | None] | None = None
 ) -> ClusterSnapshot:
@@ -82,9 +96,7 @@ def type_snapshot(
     for name, job in snapshot.jobs.items():
         if not job.allows(gpu_type):
             continue
-        jobs[name] = replace(
-            job, goodput=job.goodput_on(gpu_type), goodput_by_type=None, gpu_types=None
-        )
+        jobs[name] = _on_type(job, gpu_type)
         alloc = snapshot.current.get(name)
         if alloc is None:
             continue
@@ -382,12 +394,15 @@ class TypedPollux:
         for tp in self.types:
             state = states[tp.gpu_type]
             s = tp.problem.job_speedups(state[None])[0]
-            for name, j in tp.index.items():
-                if assign[name] != tp.gpu_type or state[j].sum() == 0:
-                    continue
-                row = [0] * width
-                for local, k in zip(tp.nodes, state[j].tolist(), strict=True):
-                    row[local] = int(k)
+            held = state.sum(axis=1)
+            mine = [
+                (name, j)
+                for name, j in tp.index.items()
+                if assign[name] == tp.gpu_type and held[j] > 0
+            ]
+            rows = np.zeros((len(mine), width), dtype=np.int64)  # global node order
+            rows[:, tp.nodes] = state[[j for _, j in mine]]
+            for (name, j), row in zip(mine, rows.tolist(), strict=True):
                 allocs[name] = tuple(row)
                 speedups[self.row[name]] = float(s[j])
         self.speedups = {n: float(speedups[self.row[n]]) for n in allocs}

@@ -4,12 +4,16 @@ one-state speedups and the search's matrix-wide row statistics."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from coadapt.policies.base import JobInfo
 from coadapt.policies.pollux import _count_utilities, _Search
 from coadapt.policies.pollux_problem import PolluxProblem
-from tests.policies.builders import random_snapshot
+from coadapt.policies.pollux_types import _on_type
+from tests.policies.builders import random_model, random_snapshot
 
 
 def _reference_grow_plan(s: _Search, j: int, extra: int) -> tuple[tuple[int, int], ...] | None:
@@ -160,3 +164,81 @@ def test_wide_transfers_reuse_donor_prices_exactly(
     plain = _Search._refresh
     monkeypatch.setattr(_Search, "_refresh", lambda self, j, util=None: plain(self, j))
     np.testing.assert_array_equal(cached, widened())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_no_growth_gains_more_than_its_ceiling(seed: int) -> None:
+    """The bound transfers_wide prunes receivers with holds for every job's best growth, on
+    states the search reaches (jobs shrunk, grown, moved) and on the current allocation."""
+    snap = random_snapshot(seed, num_nodes=6, num_jobs=12)
+    pb = PolluxProblem(snap, switch_margin=0.1 * (seed % 2))
+    states = [pb.base]
+    s = _Search(pb, pb.base)
+    s.greedy()
+    s.transfers(5)
+    states.append(s.state)
+    # Running jobs one GPU short of their allocation: regrowing it is "unchanged" (no restart
+    # discount), the case the ceiling's factor of at least 1 is for.
+    for j in np.flatnonzero(pb.base.sum(axis=1) >= 2).tolist():
+        short = pb.base.copy()
+        short[j, int(np.argmax(short[j]))] -= 1
+        states.append(short)
+    checked = 0
+    for state in states:
+        search = _Search(pb, state)
+        free = int(search.free.sum())
+        for j in range(pb.num_jobs):
+            ceiling = search._gain_ceiling(j, free)
+            k = int(search.k[j])
+            room = min(int(pb.max_replicas[j]) - k, free)
+            start = max(1, int(pb.min_replicas[j]) - k) if k == 0 else 1
+            near = min(room, max(pb.gpus_per_node, start))
+            # Every size best_growth tries, not just the one it picks.
+            for extra in pb.levers.growth_sizes(start, near, room, pb.gpus_per_node):
+                plan = search._grow_plan(j, extra)
+                if plan is None:
+                    continue
+                gain = search._plan_utility(j, plan) - float(search.util[j])
+                assert gain <= ceiling + 1e-12 * (1 + abs(ceiling)), (j, extra, gain, ceiling)
+                checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_wide_transfers_with_and_without_the_ceiling_agree(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transfers_wide skips receivers whose ceiling cannot pay a donor's loss; trying them all
+    (the plain code) ends in the same allocation."""
+    snap = random_snapshot(100 + seed, num_nodes=8, num_jobs=16)
+    pb = PolluxProblem(snap)
+
+    def widened() -> np.ndarray:
+        s = _Search(pb, pb.base)
+        s.greedy()
+        s.transfers_wide(5)
+        return s.state.copy()
+
+    pruned = widened()
+    monkeypatch.setattr(_Search, "_gain_ceiling", lambda self, j, free: float("inf"))
+    np.testing.assert_array_equal(pruned, widened())
+
+
+def test_a_job_on_one_type_is_the_replaced_job() -> None:
+    """type_snapshot's field copy equals dataclasses.replace and leaves the job untouched."""
+    rng = np.random.default_rng(3)
+    (v100, limits), (k80, _) = random_model(rng), random_model(rng)
+    job = JobInfo(
+        "j",
+        1.0,
+        goodput=v100,
+        limits=limits,
+        gpu_types=("v100", "k80"),
+        goodput_by_type={"k80": k80},
+        progress=0.25,
+    )
+    before = replace(job)
+    for t in ("v100", "k80", "p100"):
+        want = replace(job, goodput=job.goodput_on(t), goodput_by_type=None, gpu_types=None)
+        assert _on_type(job, t) == want
+    assert job == before
