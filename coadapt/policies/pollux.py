@@ -117,8 +117,24 @@ class _Search:
         if k == 0:  # skip the node count and comparison: nothing is held
             return self._utility_of(j, 0, 0, False)
         nodes = int(np.count_nonzero(row))
-        changed = not np.array_equal(row, self.pb.base[j])
+        changed = bool((row != self.pb.base[j]).any())  # same shape: array_equal's checks
         return self._utility_of(j, k, nodes, changed)
+
+    def _grown_utility(
+        self, j: int, plan: tuple[tuple[int, int], ...], spans: int, differ: set[int]
+    ) -> float:
+        """:meth:`_plan_utility` from job j's row statistics (``spans``: nodes it holds,
+        ``differ``: nodes where its row is not its current allocation), without a row copy."""
+        row, base = self.state[j], self.pb.base[j]
+        k, changed = int(self.k[j]), False
+        for n, c in plan:
+            held = int(row[n])
+            k += c
+            spans += held == 0
+            changed = changed or held + c != int(base[n])
+        if not changed:  # the plan's nodes match: any other node that differs still does
+            changed = not differ.issubset(n for n, _ in plan)
+        return self._utility_of(j, k, spans, changed)
 
     def _plan_utility(self, j: int, plan: tuple[tuple[int, int], ...]) -> float:
         row = self.state[j].copy()
@@ -127,11 +143,13 @@ class _Search:
         return self._row_utility(j, row)
 
     # ---------------------------------------------------------------- growth
-    def _allowed_multi(self, j: int, n: int) -> bool:
+    def _allowed_multi(self, j: int, nodes: IntArray) -> bool:
+        """Whether job j may be distributed over all of ``nodes`` (no other distributed job
+        is on any of them)."""
         if not self.pb.avoid_interference:
             return True
-        owner = int(self.dist_owner[n])
-        return owner in (-1, j)
+        owners = self.dist_owner[nodes]
+        return bool(((owners == -1) | (owners == j)).all())
 
     def _grow_plan(self, j: int, extra: int) -> tuple[tuple[int, int], ...] | None:
         """Where ``extra`` more GPUs for job j would go, or None if they do not fit."""
@@ -153,7 +171,7 @@ class _Search:
                 if need == 0:
                     return tuple(plan.items())
             # Spilling onto new nodes makes the job distributed: all its nodes must allow it.
-            if not all(self._allowed_multi(j, int(n)) for n in own):
+            if not self._allowed_multi(j, own):
                 return None
         # Nodes it does not use yet, most free first (stable), that allow it: vectorised, as
         # this runs for every growth size of every job in every greedy step (a Python loop
@@ -186,7 +204,7 @@ class _Search:
         own = row > 0
         own_free = int(self.free[own].sum())
         held = np.flatnonzero(own)
-        if held.size and not all(self._allowed_multi(j, int(n)) for n in held):
+        if held.size and not self._allowed_multi(j, held):
             return own_free
         ok = (self.free > 0) & ~own
         if self.pb.avoid_interference:
@@ -208,13 +226,16 @@ class _Search:
         horizon = min(room, max(self.pb.gpus_per_node, start))
         best: _Move | None = None
         reach = self._reach(j)
+        row = self.state[j]
+        spans = int(np.count_nonzero(row))
+        differ = set(np.flatnonzero(row != self.pb.base[j]).tolist())
         for extra in self.pb.levers.growth_sizes(start, horizon, room, self.pb.gpus_per_node):
             if extra > reach:  # _grow_plan would say None: skip its work
                 continue
             plan = self._grow_plan(j, extra)
             if plan is None:
                 continue
-            gain = self._plan_utility(j, plan) - self.util[j]
+            gain = self._grown_utility(j, plan, spans, differ) - self.util[j]
             if best is None or gain / extra > best.gain / best.gpus + _TOL:
                 best = _Move(gain, j, plan)
         return best

@@ -16,6 +16,11 @@ from coadapt.policies.pollux_types import _on_type
 from tests.policies.builders import random_model, random_snapshot
 
 
+def _may_spread(s: _Search, j: int, n: int) -> bool:
+    """Node n lets job j be distributed over it (the per-node check of the plain code)."""
+    return not s.pb.avoid_interference or int(s.dist_owner[n]) in (-1, j)
+
+
 def _reference_grow_plan(s: _Search, j: int, extra: int) -> tuple[tuple[int, int], ...] | None:
     """The growth plan as a Python loop over nodes (the code before the vectorised one)."""
     row = s.state[j]
@@ -35,10 +40,10 @@ def _reference_grow_plan(s: _Search, j: int, extra: int) -> tuple[tuple[int, int
                 need -= take
             if need == 0:
                 return tuple(plan.items())
-        if not all(s._allowed_multi(j, int(n)) for n in own):
+        if not all(_may_spread(s, j, int(n)) for n in own):
             return None
     for n in [int(n) for n in np.argsort(-s.free, kind="stable") if s.free[n] > 0 and row[n] == 0]:
-        if not s._allowed_multi(j, n):
+        if not _may_spread(s, j, n):
             continue
         take = int(min(s.free[n], need))
         plan[n] = plan.get(n, 0) + take
@@ -242,3 +247,36 @@ def test_a_job_on_one_type_is_the_replaced_job() -> None:
         want = replace(job, goodput=job.goodput_on(t), goodput_by_type=None, gpu_types=None)
         assert _on_type(job, t) == want
     assert job == before
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grown_utility_is_the_plan_utility(seed: int) -> None:
+    """best_growth prices a plan from the row's statistics; copying the row and pricing it
+    (the plain code) gives the same utility, on current, grown and one-GPU-short rows."""
+    snap = random_snapshot(seed, num_nodes=8, num_jobs=14)
+    pb = PolluxProblem(snap)
+    rows = [pb.base]
+    for j in np.flatnonzero(pb.base.sum(axis=1) >= 2).tolist():
+        short = pb.base.copy()
+        short[j, int(np.argmax(short[j]))] -= 1  # regrowing it restores the current row
+        rows.append(short)
+        # ... and moved: one GPU taken to another node, so regrowing the first node leaves
+        # a difference elsewhere.
+        moved = short.copy()
+        spare = np.flatnonzero((pb.node_caps - moved.sum(axis=0) > 0) & (moved[j] == 0))
+        if spare.size:
+            moved[j, int(spare[0])] += 1
+            rows.append(moved)
+    checked = 0
+    for state in rows:
+        s = _Search(pb, state)
+        for j in range(pb.num_jobs):
+            spans = int(np.count_nonzero(s.state[j]))
+            differ = set(np.flatnonzero(s.state[j] != pb.base[j]).tolist())
+            for extra in range(1, 5):
+                plan = s._grow_plan(j, extra)
+                if plan is None:
+                    continue
+                assert s._grown_utility(j, plan, spans, differ) == s._plan_utility(j, plan)
+                checked += 1
+    assert checked > 0
