@@ -8,6 +8,8 @@ multi-node spread of K GPUs is priced once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -26,7 +28,7 @@ def shape_key(num_nodes: int, num_replicas: int) -> tuple[int, int]:
 
 
 def _shape_queries(
-    ref: tuple[int, int], prefetch: list[tuple[ArrayLike, ArrayLike] | None]
+    ref: tuple[int, int], prefetch: Sequence[tuple[ArrayLike, ArrayLike] | None]
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Every job's queries in one pair of (nodes, GPUs) arrays, job after job: the reference,
     one GPU (the fallback reference), then the job's distinct prefetched shapes
@@ -88,6 +90,8 @@ class SpeedupFunction:
         self.ref_replicas = ref_replicas
         self._memo: dict[tuple[int, int], float] = {}
         self._base = float(ref_replicas)
+        # Shapes build_many(defer=True) left to price on first use (see fill_many).
+        self._pending: tuple[ArrayLike, ArrayLike] | None = None
         if model is None:
             return
         nodes, replicas = self._queries(prefetch)
@@ -117,17 +121,26 @@ class SpeedupFunction:
         limits: list[BatchLimits],
         ref_nodes: int,
         ref_replicas: int,
-        prefetch: list[tuple[ArrayLike, ArrayLike] | None],
+        prefetch: Sequence[tuple[ArrayLike, ArrayLike] | None],
+        defer: bool = False,
     ) -> list[SpeedupFunction]:
         """Speedup functions for many jobs, priced in ONE vectorised batch-choice call (what
         each job's own constructor would price, in whole-array steps: a 2048-GPU round builds
-        ~3000 of these)."""
+        ~3000 of these).
+
+        ``defer``: price only the references now and keep each job's prefetch shapes for
+        :meth:`fill_many` (or the first look-up that misses): a type-aware round builds every
+        job's table on every type it may use, and most of them are never read. The values are
+        the same either way (the batch choice is element-wise)."""
         fns = [cls(None, lim, ref_nodes, ref_replicas) for lim in limits]
         fitted = [i for i, m in enumerate(models) if m is not None]
         if not fitted:
             return fns
+        if defer:
+            for i in fitted:
+                fns[i]._pending = prefetch[i]
         nodes, replicas, sizes = _shape_queries(
-            shape_key(ref_nodes, ref_replicas), [prefetch[i] for i in fitted]
+            shape_key(ref_nodes, ref_replicas), [None if defer else prefetch[i] for i in fitted]
         )
         cols = BatchColumns.of(
             [models[i] for i in fitted],  # type: ignore[misc]
@@ -149,6 +162,35 @@ class SpeedupFunction:
             fn._memo = dict(zip(keys[a:b], values[a:b], strict=True))
         return fns
 
+    @staticmethod
+    def fill_many(fns: list[SpeedupFunction]) -> None:
+        """Price the deferred shapes of ``fns`` in one batch-choice call (see build_many)."""
+        todo = [fn for fn in fns if fn._pending is not None]
+        if not todo:
+            return
+        model = todo[0].model
+        assert model is not None  # only fitted jobs defer
+        ref = shape_key(todo[0].ref_nodes, todo[0].ref_replicas)
+        if any(shape_key(fn.ref_nodes, fn.ref_replicas) != ref for fn in todo):
+            for fn in todo:  # references differ: one call each (never within a problem)
+                SpeedupFunction.fill_many([fn])
+            return
+        nodes, replicas, sizes = _shape_queries(ref, [fn._pending for fn in todo])
+        cols = BatchColumns.of(
+            [fn.model for fn in todo],  # type: ignore[misc]
+            [fn.limits for fn in todo],
+            sizes.tolist(),
+        )
+        good, _, _ = optimize_columns(cols, nodes, replicas)
+        base = np.array([fn._base for fn in todo], dtype=np.float64)
+        values = (good / np.repeat(base, sizes)).tolist()
+        keys = list(zip(nodes.tolist(), replicas.tolist(), strict=True))
+        starts = (np.cumsum(sizes) - sizes).tolist()
+        for fn, a, size in zip(todo, starts, sizes.tolist(), strict=True):
+            # The references are priced already (the same values): the shapes after them.
+            fn._memo.update(zip(keys[a + 2 : a + size], values[a + 2 : a + size], strict=True))
+            fn._pending = None
+
     @property
     def reference_goodput(self) -> float:
         """The goodput every speedup is relative to (GPUs on the reference for a job without
@@ -161,10 +203,14 @@ class SpeedupFunction:
             return num_replicas / self._base if num_replicas > 0 else 0.0
         value = self._memo.get((2 if num_nodes > 1 else 1, num_replicas))
         if value is None:
+            if self._pending is not None:
+                SpeedupFunction.fill_many([self])
+                return self.scalar(num_nodes, num_replicas)
             value = float(self(np.array([num_nodes]), np.array([num_replicas]))[0])
         return value
 
     def __call__(self, num_nodes: ArrayLike, num_replicas: ArrayLike) -> FloatArray:
+        SpeedupFunction.fill_many([self])
         nodes = np.asarray(num_nodes, dtype=np.int64)
         replicas = np.asarray(num_replicas, dtype=np.int64)
         nodes, replicas = np.broadcast_arrays(nodes, replicas)

@@ -773,6 +773,7 @@ def search(
     """The best allocation matrix found for ``problem`` and its FITNESS_p (never worse than
     keeping every allocation as it is)."""
     floor = 1 if admission == "las" else 0
+    problem.price_live()
     counts = _choose_counts(problem, _count_utilities(problem), admission)
     starts = [_pack(problem, counts)]
     if problem.num_jobs * problem.total_gpus <= exhaustive_limit:

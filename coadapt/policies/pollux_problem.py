@@ -219,6 +219,7 @@ class PolluxProblem:
             ref_nodes=fair_n,
             ref_replicas=fair_k,
             prefetch=self._prefetch_shapes(),
+            defer=True,  # priced per solve, for the jobs it may give GPUs (price_live)
         )
         self.min_replicas: IntArray = np.array(
             [max(job.min_replicas, 0) for job in self.jobs], dtype=np.int64
@@ -231,6 +232,7 @@ class PolluxProblem:
             factors.append(max(age - job.num_restarts * delta, 0.0) / denom if denom > 0 else 0.0)
         self.realloc_factor: FloatArray = np.array(factors, dtype=np.float64)
         self.base: IntArray = self._base_state()
+        self.price(np.flatnonzero(self.base.sum(axis=1) > 0).tolist())  # running: read first
         # A job that holds nothing pays its start whenever it starts: waiting saves it no
         # restart, so a zero factor (age < R·δ, e.g. right after a retry) must not price it
         # at zero speedup, which would leave free GPUs idle while it waits (issue 13.3).
@@ -270,6 +272,15 @@ class PolluxProblem:
             elif math.isfinite(horizon):
                 out[j] = max(1.0 - self.levers.settle * delta / horizon, 0.0)
         return out
+
+    def price(self, jobs: list[int]) -> None:
+        """Price the speedup tables of ``jobs`` now, in one batch-choice call (they are built
+        deferred: in a type-aware round a job's table on a type it never uses is never read)."""
+        SpeedupFunction.fill_many([self.speedup_fns[j] for j in jobs])
+
+    def price_live(self) -> None:
+        """:meth:`price` every job this solve may give GPUs (cap above 0)."""
+        self.price(np.flatnonzero(self.max_replicas > 0).tolist())
 
     def pricing_token(self) -> tuple[object, ...]:
         """Everything a job's speedup and utility read besides its cap and current

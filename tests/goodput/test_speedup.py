@@ -57,11 +57,13 @@ def test_every_multi_node_spread_is_priced_once_and_exactly() -> None:
     assert built.scalar(7, 24) == built.scalar(2, 24)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_build_many_equals_each_jobs_own_constructor_bit_for_bit(seed: int) -> None:
-    """The bulk build (one batch-choice call, whole-array bookkeeping) gives every job the
-    memo and reference its own constructor gives, including jobs without a model or a
-    prefetch, and a reference no batch split can run (the one-GPU fallback)."""
+def _jobs(
+    seed: int,
+) -> tuple[
+    list[GoodputModel | None], list[BatchLimits], list[tuple[np.ndarray, np.ndarray] | None]
+]:
+    """Twelve jobs: some without a model or a prefetch, some whose reference no batch split
+    can run (the one-GPU fallback)."""
     from tests.policies.builders import random_model
 
     rng = np.random.default_rng(seed)
@@ -78,9 +80,36 @@ def test_build_many_equals_each_jobs_own_constructor_bit_for_bit(seed: int) -> N
         k = np.arange(1, cap + 1)
         n = -(-k // 4)
         prefetch.append(None if i % 6 == 5 else (np.concatenate([n, n + 1]), np.tile(k, 2)))
+    return models, limits, prefetch
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_build_many_equals_each_jobs_own_constructor_bit_for_bit(seed: int) -> None:
+    """The bulk build (one batch-choice call, whole-array bookkeeping) gives every job the
+    memo and reference its own constructor gives."""
+    models, limits, prefetch = _jobs(seed)
     built = SpeedupFunction.build_many(models, limits, 2, 8, prefetch)
     for m, lim, pre, fn in zip(models, limits, prefetch, built, strict=True):
         own = SpeedupFunction(m, lim, ref_nodes=2, ref_replicas=8, prefetch=pre)
         assert fn.reference_goodput == own.reference_goodput
         assert fn._memo == own._memo
         assert (fn.model is None) == (m is None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deferred_tables_fill_to_the_same_values(seed: int) -> None:
+    """Deferred build: references at once, the rest on the first look-up that misses (one
+    job) or in one call for many (fill_many); both end with the eager build's memo."""
+    models, limits, prefetch = _jobs(seed)
+    eager = SpeedupFunction.build_many(models, limits, 2, 8, prefetch)
+    lazy = SpeedupFunction.build_many(models, limits, 2, 8, prefetch, defer=True)
+    for fn, want in zip(lazy, eager, strict=True):
+        assert fn.reference_goodput == want.reference_goodput
+        assert len(fn._memo) <= 2  # the reference and one GPU only
+    first, rest = lazy[0], lazy[1:]
+    key = max(set(eager[0]._memo) - set(first._memo))
+    assert first.scalar(*key) == eager[0]._memo[key]  # a miss fills the job's whole table
+    SpeedupFunction.fill_many(rest)
+    for fn, want in zip(lazy, eager, strict=True):
+        assert fn._memo == want._memo
+        assert fn._pending is None
