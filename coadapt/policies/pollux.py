@@ -491,42 +491,59 @@ class _Search:
         return improved
 
 
-def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
-    """U[j][K]: job j's utility term with K GPUs on the fewest nodes that hold them.
+class _CountRows:
+    """U[j][K]: job j's utility term with K GPUs on the fewest nodes that hold them, each row
+    computed only as far as it is read (``upto``): with more jobs than GPUs the count choice
+    reads about a third of the rows' entries.
 
     K equal to the job's current GPU count is scored as *kept* (no re-allocation factor), on
     the node count it has now; packing (below) then tries to keep it exactly there.
     """
-    g = problem.gpus_per_node
-    # A type-aware round solves each type's problem several times with other caps and bases
-    # (assignments, moves): a job's row depends only on (cap, its current GPUs and nodes) and
-    # on the problem's pricing, so rows are kept per problem while the pricing is unchanged.
-    token = problem.pricing_token()
-    if problem.count_rows[0] != token:
-        problem.count_rows = (token, {})
-    rows_by_key = problem.count_rows[1]
-    base_k_all = problem.base.sum(axis=1).tolist()
-    base_n_all = np.count_nonzero(problem.base, axis=1).tolist()
-    caps = problem.max_replicas.tolist()
-    tables: list[list[float]] = []
-    for j in range(problem.num_jobs):
-        cap, base_k, base_n = int(caps[j]), int(base_k_all[j]), int(base_n_all[j])
-        key = (j, cap, base_k, base_n)
-        row = rows_by_key.get(key)
-        if row is None:
-            row = [problem.utility(j, 0.0)]
-            for k in range(1, cap + 1):
-                if k == base_k:
-                    row.append(problem.utility(j, problem.speedup(j, base_n, k, changed=False)))
+
+    def __init__(self, problem: PolluxProblem) -> None:
+        self.pb = problem
+        # A type-aware round solves each type's problem several times with other caps and
+        # bases (assignments, moves): a job's row depends only on (cap, its current GPUs and
+        # nodes) and on the problem's pricing, so rows (as far as they were computed) are kept
+        # per problem while the pricing is unchanged.
+        token = problem.pricing_token()
+        if problem.count_rows[0] != token:
+            problem.count_rows = (token, {})
+        rows_by_key = problem.count_rows[1]
+        self.caps: list[int] = problem.max_replicas.tolist()
+        self.base_k: list[int] = problem.base.sum(axis=1).tolist()
+        self.base_n: list[int] = np.count_nonzero(problem.base, axis=1).tolist()
+        self.rows: list[list[float]] = []
+        for j in range(problem.num_jobs):
+            key = (j, self.caps[j], self.base_k[j], self.base_n[j])
+            row = rows_by_key.get(key)
+            if row is None:
+                row = rows_by_key[key] = [problem.utility(j, 0.0)]
+            self.rows.append(row)
+
+    def upto(self, j: int, k: int) -> list[float]:
+        """Job j's row, computed at least to ``min(k, cap)`` (read-only: rows are shared)."""
+        row = self.rows[j]
+        stop = min(k, self.caps[j])
+        if len(row) <= stop:
+            pb, g = self.pb, self.pb.gpus_per_node
+            base_k, base_n = self.base_k[j], self.base_n[j]
+            for count in range(len(row), stop + 1):
+                if count == base_k:
+                    s = pb.speedup(j, base_n, count, changed=False)
                 else:
-                    n = min(-(-k // g), problem.num_nodes)
-                    row.append(problem.utility(j, problem.speedup(j, n, k, changed=True)))
-            rows_by_key[key] = row
-        tables.append(list(row))
-    return tables
+                    s = pb.speedup(j, min(-(-count // g), pb.num_nodes), count, changed=True)
+                row.append(pb.utility(j, s))
+        return row
 
 
-def _las_admission(problem: PolluxProblem, tables: list[list[float]]) -> list[int]:
+def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
+    """Every job's whole :class:`_CountRows` row (copies)."""
+    rows = _CountRows(problem)
+    return [list(rows.upto(j, rows.caps[j])) for j in range(problem.num_jobs)]
+
+
+def _las_admission(problem: PolluxProblem, tables: _CountRows) -> list[int]:
     """First GPUs in least-attained-service order (ties: earlier submission).
 
     When more jobs wait than there are GPUs, FITNESS_p at p < 0 is nearly indifferent to
@@ -543,14 +560,14 @@ def _las_admission(problem: PolluxProblem, tables: list[list[float]]) -> list[in
     free = problem.total_gpus
     for j in order:
         k = max(1, int(problem.min_replicas[j]))
-        if k <= free and k < len(tables[j]) and tables[j][k] > tables[j][0]:
+        if k <= free and k <= tables.caps[j] and tables.upto(j, k)[k] > tables.rows[j][0]:
             counts[j] = k
             free -= k
     return counts
 
 
 def _choose_counts(
-    problem: PolluxProblem, tables: list[list[float]], admission: str = "fitness"
+    problem: PolluxProblem, tables: _CountRows, admission: str = "fitness"
 ) -> list[int]:
     """How many GPUs each job gets: lazy greedy on gain per GPU, then 1-GPU swaps."""
     g = problem.gpus_per_node
@@ -566,16 +583,17 @@ def _choose_counts(
 
     def best_step(j: int) -> tuple[float, int]:
         k = counts[j]
-        row = tables[j]
-        top = min(len(row) - 1, k + max(g, mins[j]), k + free)
+        top = min(tables.caps[j], k + max(g, mins[j]), k + free)
+        base_k = base_ks[j]
+        back = top < base_k <= k + free and base_k > k  # the way back to the current count
+        row = tables.upto(j, base_k if back else top)
         lo = max(k + 1, mins[j]) if k == 0 else k + 1
         best_rate, best_k = 0.0, k
         for k2 in range(lo, top + 1):
             rate = (row[k2] - row[k]) / (k2 - k)
             if rate > best_rate + _TOL:
                 best_rate, best_k = rate, k2
-        base_k = base_ks[j]
-        if top < base_k <= k + free and base_k > k:  # the way back to the current allocation
+        if back:
             rate = (row[base_k] - row[k]) / (base_k - k)
             if rate > best_rate + _TOL:
                 best_rate, best_k = rate, base_k
@@ -583,7 +601,9 @@ def _choose_counts(
 
     # A job with no GPU count to choose (capped at 0 here, none held) keeps 0: best_step and
     # refresh would leave it as it starts (most jobs of a type's problem in a typed round).
-    idle = [len(tables[j]) == 1 and counts[j] == 0 and base_ks[j] == 0 for j in range(len(tables))]
+    idle = [
+        tables.caps[j] == 0 and counts[j] == 0 and base_ks[j] == 0 for j in range(problem.num_jobs)
+    ]
     heap = []
     for j in range(problem.num_jobs):
         if not admitted[j] or idle[j]:
@@ -614,9 +634,10 @@ def _choose_counts(
     floor = 1 if admission == "las" else 0  # LAS decided who runs; swaps only resize
 
     def refresh(j: int) -> None:
-        k, row = counts[j], tables[j]
+        k, cap = counts[j], tables.caps[j]
+        row = tables.upto(j, k + steps)
         for a in range(1, steps + 1):
-            grow = k + a < len(row) and admitted[j] and (k > 0 or k + a >= mins[j])
+            grow = k + a <= cap and admitted[j] and (k > 0 or k + a >= mins[j])
             up[a, j] = row[k + a] - row[k] if grow else neg
             rest = k - a
             shrink = rest >= floor and (rest == 0 or rest >= mins[j]) and rest >= 0
@@ -774,7 +795,7 @@ def search(
     keeping every allocation as it is)."""
     floor = 1 if admission == "las" else 0
     problem.price_live()
-    counts = _choose_counts(problem, _count_utilities(problem), admission)
+    counts = _choose_counts(problem, _CountRows(problem), admission)
     starts = [_pack(problem, counts)]
     if problem.num_jobs * problem.total_gpus <= exhaustive_limit:
         # Small problems: also search from the current allocation placement-aware, which
