@@ -567,9 +567,14 @@ def _las_admission(problem: PolluxProblem, tables: _CountRows) -> list[int]:
 
 
 def _choose_counts(
-    problem: PolluxProblem, tables: _CountRows, admission: str = "fitness"
+    problem: PolluxProblem,
+    tables: _CountRows,
+    admission: str = "fitness",
+    remember_steps: bool = True,
 ) -> list[int]:
-    """How many GPUs each job gets: lazy greedy on gain per GPU, then 1-GPU swaps."""
+    """How many GPUs each job gets: lazy greedy on gain per GPU, then 1-GPU swaps.
+
+    ``remember_steps=False`` recomputes every step (the plain code, for the tests)."""
     g = problem.gpus_per_node
     mins = [int(x) for x in problem.min_replicas]
     if admission == "las":
@@ -581,8 +586,24 @@ def _choose_counts(
     free = problem.total_gpus - sum(counts)
     base_ks = problem.base.sum(axis=1).tolist()
 
+    # best_step(j) reads the free GPUs only below a threshold (its look-ahead, and the way
+    # back to the current count): above it the step is a function of the job's count alone,
+    # kept until that count changes (most heap pops re-ask a job whose count did not).
+    steps_known: dict[int, tuple[int, int, tuple[float, int]]] = {}
+
     def best_step(j: int) -> tuple[float, int]:
         k = counts[j]
+        known = steps_known.get(j)
+        if known is not None and known[0] == k and free >= known[1]:
+            return known[2]
+        step = _best_step(j, k)
+        base_k = base_ks[j]
+        threshold = max(g, mins[j], base_k - k)
+        if free >= threshold and remember_steps:
+            steps_known[j] = (k, threshold, step)
+        return step
+
+    def _best_step(j: int, k: int) -> tuple[float, int]:
         top = min(tables.caps[j], k + max(g, mins[j]), k + free)
         base_k = base_ks[j]
         back = top < base_k <= k + free and base_k > k  # the way back to the current count

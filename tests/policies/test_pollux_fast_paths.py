@@ -300,3 +300,13 @@ def test_counts_from_rows_computed_as_read_equal_counts_from_whole_rows(
         whole.upto(j, whole.caps[j])
     assert got == _choose_counts(whole.pb, whole, admission)
     assert computed < sum(whole.caps)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_remembered_count_steps_choose_what_recomputed_steps_choose(seed: int) -> None:
+    """The count choice keeps a job's best step while the free GPUs stay above what the step
+    reads; recomputing every step gives the same counts, down to the last free GPU."""
+    snap = random_snapshot(300 + seed, num_nodes=3 + 2 * seed, num_jobs=6 + 3 * seed)
+    pb = PolluxProblem(snap)
+    got = _choose_counts(pb, _CountRows(pb))
+    assert got == _choose_counts(pb, _CountRows(pb), remember_steps=False)
