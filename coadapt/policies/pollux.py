@@ -96,6 +96,7 @@ class _Search:
         ks = self.k.tolist()
         spans = np.count_nonzero(self.state, axis=1).tolist()
         changed = np.any(self.state != problem.base, axis=1).tolist()
+        self.idle = problem.idle_terms()
         self.util = np.array(
             [self._utility_of(j, ks[j], spans[j], changed[j]) for j in range(problem.num_jobs)]
         )
@@ -109,7 +110,7 @@ class _Search:
     def _utility_of(self, j: int, k: int, nodes: int, changed: bool) -> float:
         """Job j's term with ``k`` GPUs on ``nodes`` nodes (``changed``: not its current row)."""
         if k == 0:
-            return self.pb.utility(j, 0.0)
+            return self.idle[j]
         return self.pb.utility(j, self.pb.speedup(j, nodes, k, changed))
 
     def _row_utility(self, j: int, row: IntArray) -> float:
@@ -514,11 +515,12 @@ class _CountRows:
         self.base_k: list[int] = problem.base.sum(axis=1).tolist()
         self.base_n: list[int] = np.count_nonzero(problem.base, axis=1).tolist()
         self.rows: list[list[float]] = []
+        idle = problem.idle_terms()
         for j in range(problem.num_jobs):
             key = (j, self.caps[j], self.base_k[j], self.base_n[j])
             row = rows_by_key.get(key)
             if row is None:
-                row = rows_by_key[key] = [problem.utility(j, 0.0)]
+                row = rows_by_key[key] = [idle[j]]
             self.rows.append(row)
 
     def upto(self, j: int, k: int) -> list[float]:

@@ -254,6 +254,7 @@ class PolluxProblem:
         # type's problem several times with other caps and bases.
         self.count_rows: tuple[tuple[object, ...], dict[tuple[int, int, int, int], list[float]]]
         self.count_rows = ((), {})
+        self._idle_terms: tuple[tuple[object, ...], list[float]] = ((), [])
         self._set_payback()
 
     def _settle_factors(self, idle: NDArray[np.bool_]) -> FloatArray:
@@ -272,6 +273,14 @@ class PolluxProblem:
             elif math.isfinite(horizon):
                 out[j] = max(1.0 - self.levers.settle * delta / horizon, 0.0)
         return out
+
+    def idle_terms(self) -> list[float]:
+        """Every job's :meth:`utility` at speedup 0 (kept while the pricing is unchanged: a
+        search prices every job's row, and in a type's problem most rows are empty)."""
+        token = self.pricing_token()
+        if self._idle_terms[0] != token:
+            self._idle_terms = (token, [self.utility(j, 0.0) for j in range(self.num_jobs)])
+        return self._idle_terms[1]
 
     def price(self, jobs: list[int]) -> None:
         """Price the speedup tables of ``jobs`` now, in one batch-choice call (they are built

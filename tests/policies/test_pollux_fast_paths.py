@@ -310,3 +310,12 @@ def test_remembered_count_steps_choose_what_recomputed_steps_choose(seed: int) -
     pb = PolluxProblem(snap)
     got = _choose_counts(pb, _CountRows(pb))
     assert got == _choose_counts(pb, _CountRows(pb), remember_steps=False)
+
+
+def test_idle_terms_follow_the_weights() -> None:
+    """The kept utilities at speedup 0 are each job's utility(j, 0), recomputed when the
+    weights change (a type's problem is given the round's weights after it is built)."""
+    pb = PolluxProblem(random_snapshot(4, num_nodes=4, num_jobs=9))
+    assert pb.idle_terms() == [pb.utility(j, 0.0) for j in range(pb.num_jobs)]
+    pb.weights = np.linspace(0.5, 2.0, pb.num_jobs)
+    assert pb.idle_terms() == [pb.utility(j, 0.0) for j in range(pb.num_jobs)]
