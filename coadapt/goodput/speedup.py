@@ -67,6 +67,22 @@ def _shape_queries(
     return nodes, replicas, sizes
 
 
+def _split_shapes(
+    shapes: tuple[ArrayLike, ArrayLike], most: int | None
+) -> tuple[tuple[ArrayLike, ArrayLike] | None, tuple[ArrayLike, ArrayLike] | None]:
+    """``shapes`` split into those of at most ``most`` GPUs and the rest (None: none)."""
+    if most is None:
+        return shapes, None
+    nodes, gpus = np.broadcast_arrays(
+        np.asarray(shapes[0], dtype=np.int64), np.asarray(shapes[1], dtype=np.int64)
+    )
+    small = gpus <= most
+    if small.all():
+        return shapes, None
+    first = (nodes[small], gpus[small]) if small.any() else None
+    return first, (nodes[~small], gpus[~small])
+
+
 class SpeedupFunction:
     """Speedup of one job versus a reference allocation (the fair share, eq. 16).
 
@@ -163,19 +179,30 @@ class SpeedupFunction:
         return fns
 
     @staticmethod
-    def fill_many(fns: list[SpeedupFunction]) -> None:
-        """Price the deferred shapes of ``fns`` in one batch-choice call (see build_many)."""
-        todo = [fn for fn in fns if fn._pending is not None]
+    def fill_many(fns: list[SpeedupFunction], upto: Sequence[int] | None = None) -> None:
+        """Price the deferred shapes of ``fns`` in one batch-choice call (see build_many);
+        ``upto``: per job, only the shapes of at most that many GPUs (the rest stay deferred,
+        priced by the first look-up that misses)."""
+        todo: list[SpeedupFunction] = []
+        now: list[tuple[ArrayLike, ArrayLike]] = []
+        later: list[tuple[ArrayLike, ArrayLike] | None] = []
+        for i, fn in enumerate(fns):
+            if fn._pending is None:
+                continue
+            first, rest = _split_shapes(fn._pending, None if upto is None else upto[i])
+            if first is None:
+                continue
+            todo.append(fn)
+            now.append(first)
+            later.append(rest)
         if not todo:
             return
-        model = todo[0].model
-        assert model is not None  # only fitted jobs defer
         ref = shape_key(todo[0].ref_nodes, todo[0].ref_replicas)
         if any(shape_key(fn.ref_nodes, fn.ref_replicas) != ref for fn in todo):
             for fn in todo:  # references differ: one call each (never within a problem)
                 SpeedupFunction.fill_many([fn])
             return
-        nodes, replicas, sizes = _shape_queries(ref, [fn._pending for fn in todo])
+        nodes, replicas, sizes = _shape_queries(ref, now)
         cols = BatchColumns.of(
             [fn.model for fn in todo],  # type: ignore[misc]
             [fn.limits for fn in todo],
@@ -186,10 +213,10 @@ class SpeedupFunction:
         values = (good / np.repeat(base, sizes)).tolist()
         keys = list(zip(nodes.tolist(), replicas.tolist(), strict=True))
         starts = (np.cumsum(sizes) - sizes).tolist()
-        for fn, a, size in zip(todo, starts, sizes.tolist(), strict=True):
+        for fn, rest, a, size in zip(todo, later, starts, sizes.tolist(), strict=True):
             # The references are priced already (the same values): the shapes after them.
             fn._memo.update(zip(keys[a + 2 : a + size], values[a + 2 : a + size], strict=True))
-            fn._pending = None
+            fn._pending = rest
 
     @property
     def reference_goodput(self) -> float:

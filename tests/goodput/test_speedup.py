@@ -113,3 +113,20 @@ def test_deferred_tables_fill_to_the_same_values(seed: int) -> None:
     for fn, want in zip(lazy, eager, strict=True):
         assert fn._memo == want._memo
         assert fn._pending is None
+
+
+def test_a_window_of_gpus_is_priced_first_and_the_rest_on_a_miss() -> None:
+    """fill_many(upto=...) prices each job's shapes of at most that many GPUs; a look-up
+    past them prices the rest; the memo ends as the eager build's."""
+    models, limits, prefetch = _jobs(5)
+    eager = SpeedupFunction.build_many(models, limits, 2, 8, prefetch)
+    lazy = SpeedupFunction.build_many(models, limits, 2, 8, prefetch, defer=True)
+    SpeedupFunction.fill_many(lazy, [6] * len(lazy))
+    for fn, want in zip(lazy, eager, strict=True):
+        small = {key: v for key, v in want._memo.items() if key[1] <= 6}
+        assert {key: v for key, v in fn._memo.items() if key[1] <= 6} == small
+        beyond = sorted(set(want._memo) - set(fn._memo))
+        if beyond:
+            assert all(key[1] > 6 for key in beyond) and fn._pending is not None
+            assert fn.scalar(*beyond[-1]) == want._memo[beyond[-1]]
+        assert fn._memo == want._memo
