@@ -69,18 +69,19 @@ def _shape_queries(
 
 def _split_shapes(
     shapes: tuple[ArrayLike, ArrayLike], most: int | None
-) -> tuple[tuple[ArrayLike, ArrayLike] | None, tuple[ArrayLike, ArrayLike] | None]:
-    """``shapes`` split into those of at most ``most`` GPUs and the rest (None: none)."""
+) -> tuple[tuple[ArrayLike, ArrayLike] | None, tuple[ArrayLike, ArrayLike] | None, int]:
+    """``shapes`` split into those of at most ``most`` GPUs and the rest (None: none), and
+    the fewest GPUs among the rest (0 when there is none)."""
     if most is None:
-        return shapes, None
+        return shapes, None, 0
     nodes, gpus = np.broadcast_arrays(
         np.asarray(shapes[0], dtype=np.int64), np.asarray(shapes[1], dtype=np.int64)
     )
     small = gpus <= most
     if small.all():
-        return shapes, None
+        return shapes, None, 0
     first = (nodes[small], gpus[small]) if small.any() else None
-    return first, (nodes[~small], gpus[~small])
+    return first, (nodes[~small], gpus[~small]), int(gpus[~small].min())
 
 
 class SpeedupFunction:
@@ -108,6 +109,7 @@ class SpeedupFunction:
         self._base = float(ref_replicas)
         # Shapes build_many(defer=True) left to price on first use (see fill_many).
         self._pending: tuple[ArrayLike, ArrayLike] | None = None
+        self._pending_least = 0  # fewest GPUs among the deferred shapes (0: not known)
         if model is None:
             return
         nodes, replicas = self._queries(prefetch)
@@ -186,15 +188,18 @@ class SpeedupFunction:
         todo: list[SpeedupFunction] = []
         now: list[tuple[ArrayLike, ArrayLike]] = []
         later: list[tuple[ArrayLike, ArrayLike] | None] = []
+        leasts: list[int] = []
         for i, fn in enumerate(fns):
-            if fn._pending is None:
-                continue
-            first, rest = _split_shapes(fn._pending, None if upto is None else upto[i])
+            if fn._pending is None or (upto is not None and upto[i] < fn._pending_least):
+                continue  # nothing deferred within the window (asked again every solve)
+            first, rest, least = _split_shapes(fn._pending, None if upto is None else upto[i])
             if first is None:
+                fn._pending_least = least
                 continue
             todo.append(fn)
             now.append(first)
             later.append(rest)
+            leasts.append(least)
         if not todo:
             return
         ref = shape_key(todo[0].ref_nodes, todo[0].ref_replicas)
@@ -213,10 +218,12 @@ class SpeedupFunction:
         values = (good / np.repeat(base, sizes)).tolist()
         keys = list(zip(nodes.tolist(), replicas.tolist(), strict=True))
         starts = (np.cumsum(sizes) - sizes).tolist()
-        for fn, rest, a, size in zip(todo, later, starts, sizes.tolist(), strict=True):
+        for fn, rest, least, a, size in zip(
+            todo, later, leasts, starts, sizes.tolist(), strict=True
+        ):
             # The references are priced already (the same values): the shapes after them.
             fn._memo.update(zip(keys[a + 2 : a + size], values[a + 2 : a + size], strict=True))
-            fn._pending = rest
+            fn._pending, fn._pending_least = rest, least
 
     @property
     def reference_goodput(self) -> float:

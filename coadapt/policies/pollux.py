@@ -242,9 +242,10 @@ class _Search:
         return best
 
     def _gain_ceiling(self, j: int, free_gpus: int) -> float:
-        """No :meth:`best_growth` of job j with ``free_gpus`` free in all gains more than
-        this (its best speedup over the counts a growth step may reach, as if unchanged and
-        never discounted, minus its utility now); +inf where that cannot be bounded."""
+        """An upper bound on the gain of :meth:`best_growth` for job j when ``free_gpus`` GPUs
+        are free in all: its best speedup over the counts a growth step may reach, priced as
+        if unchanged and never discounted, minus its utility now (+inf where the utility does
+        not rise with the speedup, -inf where it cannot grow)."""
         pb = self.pb
         if pb.weights is not None and float(np.min(pb.weights)) < 0:
             return math.inf  # the utility would not rise with the speedup

@@ -122,6 +122,10 @@ def test_a_window_of_gpus_is_priced_first_and_the_rest_on_a_miss() -> None:
     eager = SpeedupFunction.build_many(models, limits, 2, 8, prefetch)
     lazy = SpeedupFunction.build_many(models, limits, 2, 8, prefetch, defer=True)
     SpeedupFunction.fill_many(lazy, [6] * len(lazy))
+    memos = [dict(fn._memo) for fn in lazy]
+    SpeedupFunction.fill_many(lazy, [6] * len(lazy))  # asked again: nothing left within 6
+    assert [fn._memo for fn in lazy] == memos
+    assert all(fn._pending is None or fn._pending_least > 6 for fn in lazy)
     for fn, want in zip(lazy, eager, strict=True):
         small = {key: v for key, v in want._memo.items() if key[1] <= 6}
         assert {key: v for key, v in fn._memo.items() if key[1] <= 6} == small
