@@ -150,6 +150,14 @@ def test_one_state_speedups_equal_the_batched_path() -> None:
     np.testing.assert_array_equal(one[0], two[0])
 
 
+def _widened(pb: PolluxProblem) -> np.ndarray:
+    """The state after the greedy hand-out and five rounds of wide transfers from the base."""
+    s = _Search(pb, pb.base)
+    s.greedy()
+    s.transfers_wide(5)
+    return s.state.copy()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_wide_transfers_reuse_donor_prices_exactly(
     seed: int, monkeypatch: pytest.MonkeyPatch
@@ -159,16 +167,10 @@ def test_wide_transfers_reuse_donor_prices_exactly(
     snap = random_snapshot(seed, num_nodes=6, num_jobs=12)
     pb = PolluxProblem(snap)
 
-    def widened() -> np.ndarray:
-        s = _Search(pb, pb.base)
-        s.greedy()
-        s.transfers_wide(5)
-        return s.state.copy()
-
-    cached = widened()
+    cached = _widened(pb)
     plain = _Search._refresh
     monkeypatch.setattr(_Search, "_refresh", lambda self, j, util=None: plain(self, j))
-    np.testing.assert_array_equal(cached, widened())
+    np.testing.assert_array_equal(cached, _widened(pb))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -218,15 +220,9 @@ def test_wide_transfers_with_and_without_the_ceiling_agree(
     snap = random_snapshot(100 + seed, num_nodes=8, num_jobs=16)
     pb = PolluxProblem(snap)
 
-    def widened() -> np.ndarray:
-        s = _Search(pb, pb.base)
-        s.greedy()
-        s.transfers_wide(5)
-        return s.state.copy()
-
-    pruned = widened()
+    pruned = _widened(pb)
     monkeypatch.setattr(_Search, "_gain_ceiling", lambda self, j, free: float("inf"))
-    np.testing.assert_array_equal(pruned, widened())
+    np.testing.assert_array_equal(pruned, _widened(pb))
 
 
 def test_a_job_on_one_type_is_the_replaced_job() -> None:
