@@ -334,6 +334,10 @@ class BatchColumns:
 #: ``BATCH_CANDIDATES`` x queries floats then stay in the caches (a round of 1024 jobs on three
 #: GPU types asks ~37k queries a type: 15 MB a temporary, freshly paged in, unsliced).
 COLUMN_CHUNK = 512
+#: Queries from which :func:`optimize_columns` runs the compiled pass. Smaller calls (a
+#: cluster of a few nodes, a job's own re-tune) stay on numpy: the same result, and no
+#: numba import and compile (1-3 s, holding the GIL) in a controller that never needs them.
+COMPILED_MIN_QUERIES = 512
 
 
 def optimize_columns(
@@ -341,12 +345,13 @@ def optimize_columns(
 ) -> tuple[FloatArray, NDArray[np.int64], NDArray[np.int64]]:
     """Eq. 14 for Q queries at once: (goodput, m*, s*) per query; see GoodputModel.optimize.
 
-    With numba, one compiled pass (:mod:`coadapt.goodput._batch_kernel`, same arithmetic, same
-    result); otherwise element-wise numpy in slices of ``COLUMN_CHUNK``."""
+    From ``COMPILED_MIN_QUERIES`` queries and with numba, one compiled pass
+    (:mod:`coadapt.goodput._batch_kernel`, same arithmetic, same result); otherwise
+    element-wise numpy in slices of ``COLUMN_CHUNK``."""
     nodes = np.asarray(num_nodes, dtype=np.int64).ravel()
     replicas = np.asarray(num_replicas, dtype=np.int64).ravel()
     q = replicas.size
-    choose = compiled_choice()
+    choose = compiled_choice() if q >= COMPILED_MIN_QUERIES else None
     if choose is not None:
         good = np.empty(q, dtype=np.float64)
         atomic = np.empty(q, dtype=np.int64)

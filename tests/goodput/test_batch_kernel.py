@@ -57,9 +57,15 @@ def _numpy(cols: BatchColumns, nodes: np.ndarray, reps: np.ndarray) -> list[np.n
     return [np.concatenate(p) for p in zip(*parts, strict=True)]
 
 
+@pytest.fixture
+def always_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled pass for calls of any size (small ones stay on numpy otherwise)."""
+    monkeypatch.setattr(goodput_model, "COMPILED_MIN_QUERIES", 0)
+
+
 @needs_numba
 @pytest.mark.parametrize("seed", range(4))
-def test_compiled_choice_is_the_numpy_one_bit_for_bit(seed: int) -> None:
+def test_compiled_choice_is_the_numpy_one_bit_for_bit(seed: int, always_compiled: None) -> None:
     assert compiled() is not None  # numba is a core dependency
     cols, nodes, reps = _columns(seed)
     got = optimize_columns(cols, nodes, reps)
@@ -70,7 +76,7 @@ def test_compiled_choice_is_the_numpy_one_bit_for_bit(seed: int) -> None:
 
 
 @needs_numba
-def test_a_nan_model_gives_the_first_nan_as_numpy_argmax_does() -> None:
+def test_a_nan_model_gives_the_first_nan_as_numpy_argmax_does(always_compiled: None) -> None:
     cols, nodes, reps = _columns(7, jobs=4)
     cols.perf[6, :30] = np.nan  # gamma
     cols.var[30:60] = np.nan
@@ -90,3 +96,21 @@ def test_without_numba_the_slices_are_the_whole_numpy_choice(
     whole = _optimize_slice(cols, nodes, reps)
     for a, b in zip(optimize_columns(cols, nodes, reps), whole, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_small_calls_stay_on_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call below COMPILED_MIN_QUERIES never asks for the kernel (no numba import or
+    compile in a small cluster's controller); a larger one does."""
+    asked: list[bool] = []
+
+    def kernel() -> None:
+        asked.append(True)
+
+    monkeypatch.setattr(goodput_model, "compiled_choice", kernel)
+    cols, nodes, reps = _columns(1, jobs=2)
+    small = goodput_model.COMPILED_MIN_QUERIES - 1
+    optimize_columns(cols.columns(0, small), nodes[:small], reps[:small])
+    assert not asked
+    cols, nodes, reps = _columns(1, jobs=40)
+    optimize_columns(cols, nodes, reps)
+    assert asked
