@@ -124,8 +124,9 @@ class _Search:
     def _grown_utility(
         self, j: int, plan: tuple[tuple[int, int], ...], spans: int, differ: set[int]
     ) -> float:
-        """:meth:`_plan_utility` from job j's row statistics (``spans``: nodes it holds,
-        ``differ``: nodes where its row is not its current allocation), without a row copy."""
+        """Job j's utility once ``plan`` is added to its row, from the row's statistics
+        (``spans``: nodes it holds, ``differ``: nodes where its row is not its current
+        allocation), without a copy of the row."""
         row, base = self.state[j], self.pb.base[j]
         k, changed = int(self.k[j]), False
         for n, c in plan:
@@ -136,12 +137,6 @@ class _Search:
         if not changed:  # the plan's nodes match: any other node that differs still does
             changed = not differ.issubset(n for n, _ in plan)
         return self._utility_of(j, k, spans, changed)
-
-    def _plan_utility(self, j: int, plan: tuple[tuple[int, int], ...]) -> float:
-        row = self.state[j].copy()
-        for n, c in plan:
-            row[n] += c
-        return self._row_utility(j, row)
 
     # ---------------------------------------------------------------- growth
     def _allowed_multi(self, j: int, nodes: IntArray) -> bool:
@@ -538,12 +533,6 @@ class _CountRows:
                     s = pb.speedup(j, min(-(-count // g), pb.num_nodes), count, changed=True)
                 row.append(pb.utility(j, s))
         return row
-
-
-def _count_utilities(problem: PolluxProblem) -> list[list[float]]:
-    """Every job's whole :class:`_CountRows` row (copies)."""
-    rows = _CountRows(problem)
-    return [list(rows.upto(j, rows.caps[j])) for j in range(problem.num_jobs)]
 
 
 def _las_admission(problem: PolluxProblem, tables: _CountRows) -> list[int]:

@@ -249,7 +249,7 @@ class PolluxProblem:
             self.realloc_factor = self.realloc_factor * self._settle_factors(idle)
         self.scale: FloatArray = np.ones(self.num_jobs, dtype=np.float64)
         self.payback_penalty: FloatArray = np.zeros(self.num_jobs, dtype=np.float64)
-        # Count-table rows (``pollux._count_utilities``) by (job, cap, GPUs held, nodes held),
+        # Count-table rows (``pollux._CountRows``) by (job, cap, GPUs held, nodes held),
         # valid while ``pricing_token()`` is unchanged: a type-aware round re-solves each
         # type's problem several times with other caps and bases.
         self.count_rows: tuple[tuple[object, ...], dict[tuple[int, int, int, int], list[float]]]
