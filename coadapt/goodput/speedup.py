@@ -142,9 +142,9 @@ class SpeedupFunction:
         prefetch: Sequence[tuple[ArrayLike, ArrayLike] | None],
         defer: bool = False,
     ) -> list[SpeedupFunction]:
-        """Speedup functions for many jobs, priced in ONE vectorised batch-choice call (what
-        each job's own constructor would price, in whole-array steps: a 2048-GPU round builds
-        ~3000 of these).
+        """Speedup functions for many jobs, priced in two vectorised batch-choice calls, the
+        references and then every table (what each job's own constructor would price, in
+        whole-array steps: a 2048-GPU round builds ~3000 of these).
 
         ``defer``: price only the references now and keep each job's prefetch shapes for
         :meth:`fill_many` (or the first look-up that misses): a type-aware round builds every
@@ -154,11 +154,9 @@ class SpeedupFunction:
         fitted = [i for i, m in enumerate(models) if m is not None]
         if not fitted:
             return fns
-        if defer:
-            for i in fitted:
-                fns[i]._pending = prefetch[i]
+        # The references first (every speedup is relative to them), the tables after.
         nodes, replicas, sizes = _shape_queries(
-            shape_key(ref_nodes, ref_replicas), [None if defer else prefetch[i] for i in fitted]
+            shape_key(ref_nodes, ref_replicas), [None] * len(fitted)
         )
         cols = BatchColumns.of(
             [models[i] for i in fitted],  # type: ignore[misc]
@@ -178,6 +176,9 @@ class SpeedupFunction:
             fn.model = models[i]
             fn._base = ref_goodput
             fn._memo = dict(zip(keys[a:b], values[a:b], strict=True))
+            fn._pending = prefetch[i]
+        if not defer:
+            SpeedupFunction.fill_many([fns[i] for i in fitted])
         return fns
 
     @staticmethod
