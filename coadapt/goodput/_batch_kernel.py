@@ -1,4 +1,4 @@
-"""Eq. 14's batch choice for many queries in one compiled pass (numba), exact to the numpy path.
+"""Eq. 14's batch choice for many queries in one compiled pass (numba), the numpy path's choice.
 
 Why: a 2048-GPU round on three GPU types asks ~62k (job, shape) queries, each tried at
 ``BATCH_CANDIDATES`` batch sizes. The numpy path builds ~20 temporaries of candidates x queries
@@ -12,7 +12,10 @@ everything in registers and evaluates each repeated ``pow`` once:
   queries share (``lo`` grows with the GPU count only past ``M0 / min_local`` GPUs).
 
 Same arithmetic in the same order as :func:`coadapt.goodput.model._optimize_slice`, so the
-results are identical (tested element by element); ``None`` without numba.
+choices are identical and the goodputs too, bit for bit, where numpy's ``pow`` is the C
+library's. On AVX-512 CPUs numpy evaluates ``pow`` with SIMD code that may round the last bit
+differently (<= 2 ulp seen), so there goodputs agree to the last bits (tested element by
+element); ``None`` without numba.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The compiled batch choice (``coadapt.goodput._batch_kernel``) gives exactly what the numpy
-path gives, query by query: same goodput bits, same micro-batch and accumulation."""
+"""The compiled batch choice (``coadapt.goodput._batch_kernel``) gives what the numpy path
+gives, query by query: the same micro-batch and accumulation, and the same goodput to the last
+bits (bit for bit where numpy's ``pow`` is the C library's; on AVX-512 CPUs numpy uses a SIMD
+``pow`` that may round the last bit differently, so goodput is compared within ``MAX_ULP``)."""
 
 from __future__ import annotations
 
@@ -49,6 +51,20 @@ def _columns(seed: int, jobs: int = 40) -> tuple[BatchColumns, np.ndarray, np.nd
     return cols, nodes, reps
 
 
+MAX_ULP = 4
+"""Seen here: <= 2 ulp between numpy's AVX-512 ``pow`` and the C library's."""
+
+
+def _assert_same_choice(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    good, *choices = got
+    want_good, *want_choices = want
+    for a, b in zip(choices, want_choices, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.isnan(good), np.isnan(want_good))
+    finite = ~np.isnan(want_good)
+    np.testing.assert_array_max_ulp(good[finite], want_good[finite], maxulp=MAX_ULP)
+
+
 def _numpy(cols: BatchColumns, nodes: np.ndarray, reps: np.ndarray) -> list[np.ndarray]:
     parts = [
         _optimize_slice(cols.columns(a, a + COLUMN_CHUNK), nodes[a : a + 512], reps[a : a + 512])
@@ -71,8 +87,7 @@ def test_compiled_choice_is_the_numpy_one_bit_for_bit(seed: int, always_compiled
     got = optimize_columns(cols, nodes, reps)
     want = _numpy(cols, nodes, reps)
     assert (want[0] == 0).any() and (want[0] > 0).any()  # both feasible and infeasible queries
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_same_choice(got, want)
 
 
 @needs_numba
@@ -83,8 +98,7 @@ def test_a_nan_model_gives_the_first_nan_as_numpy_argmax_does(always_compiled: N
     got = optimize_columns(cols, nodes, reps)
     want = _numpy(cols, nodes, reps)
     assert np.isnan(want[0]).any()
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_same_choice(got, want)
 
 
 def test_without_numba_the_slices_are_the_whole_numpy_choice(
