@@ -57,14 +57,17 @@ PACKED_STATE_KEY = "packed"
 #: on the artifact workloads, ``docs/hetero.md``). ``remaining_power``/``settle`` read
 #: ``JobInfo.progress`` and change nothing for jobs that declare no length. ``leap`` (growth
 #: into idle GPUs past a node's worth) with ``hold`` 0.25 to pay for its restarts and a
-#: stronger remaining-work weight: issue 18's fourth stop.
+#: stronger remaining-work weight: issue 18's fourth stop. ``p`` = +0.5 with a stronger weight
+#: and ``hold`` 0.3 (fifth stop): with the weight, a less equalising mean lets short jobs
+#: finish first (SRPT's gain) while a job without GPUs still gains most from its first ones
+#: (any p < 1 keeps that, so no job starves behind busier ones).
 DEFAULT_LEVERS: dict[str, Any] = {
     "explore": 4.0,
     "first": 4,
-    "hold": 0.25,
+    "hold": 0.3,
     "leap": True,
-    "p": -0.5,
-    "remaining_power": 0.75,
+    "p": 0.5,
+    "remaining_power": 1.25,
     "settle": 1.0,
 }
 
