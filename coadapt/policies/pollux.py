@@ -60,13 +60,15 @@ PACKED_STATE_KEY = "packed"
 #: stronger remaining-work weight: issue 18's fourth stop. ``p`` = +0.5 with a stronger weight
 #: and ``hold`` 0.3 (fifth stop): with the weight, a less equalising mean lets short jobs
 #: finish first (SRPT's gain) while a job without GPUs still gains most from its first ones
-#: (any p < 1 keeps that, so no job starves behind busier ones).
+#: (any p < 1 keeps that, so no job starves behind busier ones). Where no job declares a
+#: length there is no weight to act on, and p stays the paper's −1 (``p_undeclared``).
 DEFAULT_LEVERS: dict[str, Any] = {
     "explore": 4.0,
     "first": 4,
     "hold": 0.3,
     "leap": True,
     "p": 0.5,
+    "p_undeclared": -1.0,
     "remaining_power": 1.25,
     "settle": 1.0,
 }
@@ -880,6 +882,7 @@ class PolluxUnawarePolicy:
         settle: float = 0.0,
         phi_growth: float = 0.0,
         leap: bool = False,
+        p_undeclared: float | None = None,
     ) -> None:
         if admission not in ("fitness", "las"):
             raise ValueError(f"admission must be 'fitness' or 'las', got {admission!r}")
@@ -902,15 +905,25 @@ class PolluxUnawarePolicy:
         self.exhaustive_limit = exhaustive_limit
         self.admission = admission
         self.p = p
+        self.p_undeclared = p_undeclared
         self.switch_margin = switch_margin
         self.epsilon = epsilon
         self.avoid_interference = avoid_interference
         self.search_rounds = search_rounds
 
+    def power(self, snapshot: ClusterSnapshot) -> float:
+        """FITNESS_p's p for this snapshot: ``p_undeclared`` (when set) if no job reports its
+        progress, since a less equalising p pays only together with the remaining-work
+        weight, which needs declared lengths; ``p`` otherwise."""
+        if self.p_undeclared is None:
+            return self.p
+        declared = any(job.progress is not None for job in snapshot.jobs.values())
+        return self.p if declared else self.p_undeclared
+
     def problem(self, snapshot: ClusterSnapshot, fair_share: int | None = None) -> PolluxProblem:
         return PolluxProblem(
             snapshot,
-            self.p,
+            self.power(snapshot),
             self.epsilon,
             self.avoid_interference,
             self.switch_margin,

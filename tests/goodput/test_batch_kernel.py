@@ -81,7 +81,7 @@ def always_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @needs_numba
 @pytest.mark.parametrize("seed", range(4))
-def test_compiled_choice_is_the_numpy_one_bit_for_bit(seed: int, always_compiled: None) -> None:
+def test_compiled_choice_is_the_numpy_one(seed: int, always_compiled: None) -> None:
     assert compiled() is not None  # numba is a core dependency
     cols, nodes, reps = _columns(seed)
     got = optimize_columns(cols, nodes, reps)

@@ -125,3 +125,18 @@ def test_progress_reaches_the_policy_clamped_and_bad_values_read_as_unknown() ->
         None,
     ]
     assert clamp_progress(math.inf) is None
+
+
+def test_p_is_the_papers_until_a_job_declares_its_length() -> None:
+    """The default's p = +0.5 pays only beside the remaining-work weight: a snapshot where no
+    job reports progress is solved with p = -1 (exactly the policy with p = -1), one where a
+    job does with p = +0.5."""
+    policy = PolluxPolicy()
+    for seed in range(4):
+        snap = random_snapshot(seed, num_nodes=4, num_jobs=10)
+        assert policy.problem(snap).p == -1.0
+        paper = PolluxPolicy(p=-1.0, p_undeclared=None).optimize(snap, {}, RNG)
+        assert policy.optimize(snap, {}, RNG).allocations == paper.allocations
+        declared = _with_progress(snap, seed)
+        assert policy.problem(declared).p == 0.5
+    assert PolluxPolicy(p_undeclared=None).problem(snap).p == 0.5
