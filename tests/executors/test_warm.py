@@ -63,16 +63,22 @@ def job(tmp_path: Path) -> Iterator[Path]:
 
 
 def _zygotes(job: Path) -> list[int]:
-    out = []
+    """The job's zygote processes. A replica (or its shim) is forked by the zygote without an
+    exec, so while it starts or exits it shows the zygote's command line too; a process whose
+    parent is one of them is such a child, not another zygote (CI once listed a replica just
+    SIGKILLed beside the zygote)."""
+    found: dict[int, int] = {}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             cwd = os.readlink(f"/proc/{pid}/cwd")
+            status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         if cmd[1:3] == [b"-m", b"coadapt.train.zygote"] and b"--listen" in cmd and cwd == str(job):
-            out.append(int(pid))
-    return out
+            ppid = next(int(x.split()[1]) for x in status.splitlines() if x.startswith("PPid:"))
+            found[int(pid)] = ppid
+    return sorted(pid for pid, ppid in found.items() if ppid not in found)
 
 
 def started(ex: LocalExecutor, h: ReplicaHandle, log: str, timeout: float = 90) -> list[str]:
