@@ -335,7 +335,7 @@ class BatchColumns:
 #: GPU types asks ~37k queries a type: 15 MB a temporary, freshly paged in, unsliced).
 COLUMN_CHUNK = 512
 #: Queries from which :func:`optimize_columns` runs the compiled pass. Smaller calls (a
-#: cluster of a few nodes, a job's own re-tune) stay on numpy: the same result, and no
+#: cluster of a few nodes, a job's own re-tune) stay on numpy: the same choices, and no
 #: numba import and compile (1-3 s, holding the GIL) in a controller that never needs them.
 COMPILED_MIN_QUERIES = 512
 
@@ -346,7 +346,8 @@ def optimize_columns(
     """Eq. 14 for Q queries at once: (goodput, m*, s*) per query; see GoodputModel.optimize.
 
     From ``COMPILED_MIN_QUERIES`` queries and with numba, one compiled pass
-    (:mod:`coadapt.goodput._batch_kernel`, same arithmetic, same result); otherwise
+    (:mod:`coadapt.goodput._batch_kernel`, same arithmetic, same choices; goodputs equal or,
+    on AVX-512 CPUs, within the last bits); otherwise
     element-wise numpy in slices of ``COLUMN_CHUNK``."""
     nodes = np.asarray(num_nodes, dtype=np.int64).ravel()
     replicas = np.asarray(num_replicas, dtype=np.int64).ravel()

@@ -34,7 +34,7 @@ def exact_optimum(
     snapshot: ClusterSnapshot, policy: PolluxUnawarePolicy
 ) -> tuple[dict[str, Allocation], float]:
     """The allocations maximising ``policy``'s type-aware FITNESS_p, and that fitness."""
-    typed = TypedPollux(snapshot, policy.problem, policy.solve, policy.levers)
+    typed = TypedPollux(snapshot, policy.problems_for(snapshot), policy.solve, policy.levers)
     names = typed.names
     width = len(snapshot.nodes)
     terms: list[float] = []

@@ -48,7 +48,7 @@ from coadapt.policies.pollux_problem import (
     PolluxProblem,
     remaining_work,
 )
-from coadapt.policies.pollux_types import TypedPollux
+from coadapt.policies.pollux_types import MakeProblem, TypedPollux
 
 _TOL = 1e-12
 #: Policy state key of the pairs packed last round (guest -> host), read back next round.
@@ -920,10 +920,13 @@ class PolluxUnawarePolicy:
         declared = any(job.progress is not None for job in snapshot.jobs.values())
         return self.p if declared else self.p_undeclared
 
-    def problem(self, snapshot: ClusterSnapshot, fair_share: int | None = None) -> PolluxProblem:
+    def problem(
+        self, snapshot: ClusterSnapshot, fair_share: int | None = None, p: float | None = None
+    ) -> PolluxProblem:
+        """The round's problem; ``p``: FITNESS_p's power (None: :meth:`power` of ``snapshot``)."""
         return PolluxProblem(
             snapshot,
-            self.power(snapshot),
+            self.power(snapshot) if p is None else p,
             self.epsilon,
             self.avoid_interference,
             self.switch_margin,
@@ -931,6 +934,17 @@ class PolluxUnawarePolicy:
             self.levers,
             fair_share,
         )
+
+    def problems_for(self, snapshot: ClusterSnapshot) -> MakeProblem:
+        """How :class:`TypedPollux` builds each type's problem from ``snapshot``: with the
+        whole snapshot's p (a type that no job reporting progress is allowed on must not be
+        solved, nor its fitness summed, with another p)."""
+        p = self.power(snapshot)
+
+        def make(sub: ClusterSnapshot, fair_share: int) -> PolluxProblem:
+            return self.problem(sub, fair_share, p)
+
+        return make
 
     def growth_cap(self, max_gpus_held: int, max_replicas: int) -> int:
         """Most GPUs a job may get given the most it ever held (the exploration cap)."""
@@ -952,7 +966,9 @@ class PolluxUnawarePolicy:
                 snapshot,
                 jobs={k: replace(j, goodput_by_type=None) for k, j in snapshot.jobs.items()},
             )
-            allocs, fit = TypedPollux(blind, self.problem, self.solve, self.levers).run()
+            allocs, fit = TypedPollux(
+                blind, self.problems_for(blind), self.solve, self.levers
+            ).run()
             return Decision(allocs, diagnostics={"fitness": fit})
         problem = self.problem(snapshot)
         if problem.num_jobs == 0 or problem.num_nodes == 0:
@@ -1052,7 +1068,9 @@ class PolluxPolicy(PolluxUnawarePolicy):
             def solve(problem: PolluxProblem) -> tuple[IntArray, float]:
                 return search(problem, self.admission, self.search_rounds, limit)
 
-            typed = TypedPollux(snap, self.problem, solve, self.levers, polish=polish_pairs)
+            typed = TypedPollux(
+                snap, self.problems_for(snap), solve, self.levers, polish=polish_pairs
+            )
             allocs, fit = typed.run()
             held, one_gpu, term = typed.speedups, typed.one_gpu, typed.term
         # The original snapshot: whether a guest stays on its GPU is read from its current

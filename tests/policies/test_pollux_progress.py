@@ -12,6 +12,7 @@ import pytest
 from coadapt.policies import ClusterSnapshot, NodeInfo, validate_allocations
 from coadapt.policies.pollux import PolluxPolicy
 from coadapt.policies.pollux_problem import Levers, PolluxProblem, remaining_work
+from coadapt.policies.pollux_types import type_snapshot
 from coadapt.policies.snapshot import JobFacts, build_snapshot, clamp_progress
 from tests.policies.builders import random_hetero_snapshot, random_snapshot, toy_job
 
@@ -140,3 +141,28 @@ def test_p_is_the_papers_until_a_job_declares_its_length() -> None:
         declared = _with_progress(snap, seed)
         assert policy.problem(declared).p == 0.5
     assert PolluxPolicy(p_undeclared=None).problem(snap).p == 0.5
+
+
+def test_every_type_is_solved_with_the_whole_snapshots_p() -> None:
+    """The one job reporting progress may run only on one type: every type's problem (and the
+    fitness summed over them) still uses the whole snapshot's p = +0.5."""
+    snap = random_hetero_snapshot(1, num_jobs=8)
+    first = next(iter(snap.jobs))
+    jobs = {k: replace(j, progress=None) for k, j in snap.jobs.items()}
+    jobs[first] = replace(jobs[first], progress=0.5, gpu_types=("v100",))
+    snap = replace(snap, jobs=jobs)
+    built: list[float] = []
+
+    class Recording(PolluxPolicy):
+        def problem(
+            self, snapshot: ClusterSnapshot, fair_share: int | None = None, p: float | None = None
+        ) -> PolluxProblem:
+            pb = super().problem(snapshot, fair_share, p)
+            built.append(pb.p)
+            return pb
+
+    policy = Recording()
+    assert policy.problem(type_snapshot(snap, "k80")).p == -1.0  # alone, k80 declares nothing
+    built.clear()
+    validate_allocations(snap, policy.optimize(snap, {}, RNG).allocations)
+    assert len(built) >= len(snap.gpu_types) and set(built) == {0.5}
