@@ -10,14 +10,20 @@
 #      GPU: every workload, the full fixed grid, 3 seeds);
 #   2. CTR ranking end to end at 50M rows (benchmarks/serve/ctr.py, one serving worker,
 #      rates up to 80 req/s): the serving code on a server-class CPU beside the 2-core VM's;
-#   3. one CTR request's stages in process at 50M rows (ctr.py _stages).
-# A part whose limit (TTA_S, CTR_S, STAGES_S seconds) is 0 is skipped.
+#   3. one CTR request's stages in process at 50M rows (ctr.py _stages);
+#   4. (with AB_ROOT, another checkout's root) that checkout's adaptive job on the same
+#      workloads and seeds, beside part 1's: an A/B of an agent change on the GPU, where
+#      the 2-core VM cannot show it.
+# A part whose limit (TTA_S, CTR_S, STAGES_S, AB_S seconds) is 0 is skipped. Parts run in the
+# order 4, 1, 2, 3.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 TTA_S=${TTA_S:-290}
 SEEDS=${SEEDS:-3}
 CTR_S=${CTR_S:-230}
 STAGES_S=${STAGES_S:-0}
+AB_ROOT=${AB_ROOT:-}
+AB_S=${AB_S:-60}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo
 {
@@ -31,6 +37,15 @@ export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IF
     python3 -c "import numpy as np; from coadapt.sparse.table import EmbeddingTable; t = EmbeddingTable(dim=8); ids = np.arange(1, 1000, dtype=np.uint64); t.lookup_or_insert(ids); print('probe kernel ok', t.lookup(ids).shape)"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+
+if [ -n "$AB_ROOT" ] && [ "$AB_S" != 0 ]; then
+    echo "== 4. the adaptive job of $AB_ROOT on the GPU (limit ${AB_S}s, $SEEDS seeds)"
+    PYTHONPATH="$AB_ROOT" timeout "$AB_S" python3 "$AB_ROOT/benchmarks/tta_bench.py" \
+        --device cuda --replicas 1 --seeds "$SEEDS" --modes adaptive --skip-overhead \
+        --json "$OUT/tta_gpu_ab.json" >"$OUT/tta_gpu_ab.log" 2>&1
+    echo "rc=$?"
+    tail -n 12 "$OUT/tta_gpu_ab.log"
+fi
 
 if [ "$TTA_S" != 0 ]; then
     echo "== 1. time to accuracy on the GPU (limit ${TTA_S}s, $SEEDS seeds)"

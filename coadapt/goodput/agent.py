@@ -9,13 +9,14 @@ must run the very same rule or its results describe an agent that does not ship:
 * a **trust region**: M grows at most 2x per re-tune, because the model extrapolates poorly
   past what was profiled (the reason Pollux caps a job at 2x its GPUs);
 * an **adoption threshold** (:func:`should_adopt`): a change must be predicted to gain more
-  than 5%, since changing M perturbs the optimiser; except while the job has timed only one
-  micro-batch size (``explore``): then the throughput model's split of the step time into
-  fixed and per-sample cost is a prior, not a measurement, and on the examples it predicted
-  2-4% for growing, so the threshold kept jobs at M0 for good (issue 19). When the optimum
-  is larger, the edge of the trust region (2x) is then tried at once, if the prior does not
-  price it below the current batch: one more size, far enough from the first, is what lets
-  the fit learn the split;
+  than 5%, since changing M perturbs the optimiser; except while the job has run only one
+  batch size (``explore``): the throughput model's split of the step time into fixed and
+  per-sample cost is then a prior (K > 1) or rests on the halves of its split measuring
+  steps (K = 1, :meth:`coadapt.train.model.AdaptiveModel._time_halves`), and with the prior
+  the examples predicted 2-4% for growing, so the threshold kept jobs at M0 for good
+  (issue 19). When the optimum is larger, the edge of the trust region (2x) is then tried at
+  once, if the model does not price it below the current batch: one more size, far enough
+  from the first, is what lets the fit learn the split;
 * **evidence before retreat**: the job shrinks its batch only once the current (m, s) has
   ``MIN_TIMED_TO_SHRINK`` timed steps (``timed_steps``). A new size is re-tuned after 6 timed
   steps; on a loaded machine all 6 can land in another process's burst (a 209-sample step
@@ -165,8 +166,8 @@ def choose_batch(
 
     ``current`` is the job's (m, s) on these replicas, ``measurements`` the gradient-noise
     measurements it has taken, ``limits`` its batch bounds (``max_local_bsz`` is the
-    per-replica memory cap, learned after an OOM where applicable). ``explore``: the model
-    has timed one micro-batch size only, so a larger optimum is tried without the threshold.
+    per-replica memory cap, learned after an OOM where applicable). ``explore``: the job
+    has run one batch size only, so a larger optimum is tried without the threshold.
     ``timed_steps``: steps timed at ``current`` (None: as many as needed, e.g. the simulator,
     whose step times are exact); a smaller optimum waits for ``MIN_TIMED_TO_SHRINK``.
     ``confidence``: standard errors of the noise estimate (``model.grad``'s ``sqr_err``,

@@ -11,6 +11,8 @@ what the job has not tried yet: no multi-node observation → cross-node sync co
 single-node sync costs; no multi-GPU observation → sync is free; one micro-batch size → the
 fixed and per-sample compute costs split the observed time evenly (scaling the batch then looks
 cheap). Together with the 2× cap (:func:`exploration_cap`) this is how a job explores.
+A row may carry a micro-batch time only (``iter_time`` NaN): the halves of a one-replica
+job's split measuring steps, which time a second size before the job changes its batch.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Observations:
     num_replicas: FloatArray
     local_bsz: FloatArray
     accum_steps: FloatArray
-    iter_time: FloatArray  # T_iter: seconds per optimizer step, eq. 12
+    iter_time: FloatArray  # T_iter: seconds per optimizer step, eq. 12; NaN: grad_time only
     grad_time: FloatArray  # T_grad: seconds per micro-batch pass; NaN where not measured
 
     @classmethod
@@ -77,11 +79,16 @@ class Observations:
         )
         if size == 0:
             raise FitError("no observations to fit; run the job at least one step first")
-        if not np.all(np.isfinite(obs.iter_time)) or np.any(obs.iter_time <= 0):
-            raise FitError("iter_time must be finite and > 0 for every observation")
         measured = ~np.isnan(obs.grad_time)
-        if np.any(obs.grad_time[measured] <= 0):
-            raise FitError("grad_time must be > 0 where measured")
+        timed = ~np.isnan(obs.iter_time)
+        if not np.all(timed | measured):
+            raise FitError("every observation needs an iter_time or a grad_time")
+        if not np.all(np.isfinite(obs.iter_time[timed])) or np.any(obs.iter_time[timed] <= 0):
+            raise FitError("iter_time must be finite and > 0 where measured")
+        if not np.all(np.isfinite(obs.grad_time[measured])) or np.any(obs.grad_time[measured] <= 0):
+            raise FitError("grad_time must be finite and > 0 where measured")
+        if not np.any(timed):
+            raise FitError("no observation has an iter_time; run at least one optimizer step")
         if np.any(obs.num_nodes < 1) or np.any(obs.num_replicas < obs.num_nodes):
             raise FitError("need 1 <= num_nodes <= num_replicas in every observation")
         if np.any(obs.local_bsz < 1) or np.any(obs.accum_steps < 0):
@@ -127,9 +134,13 @@ def _objective(
     x: FloatArray, obs: Observations, regularization: float = 1.0
 ) -> tuple[float, FloatArray]:
     log_pred, dlog, tg = _predict_log_iter(x, obs)
-    r1 = log_pred - np.log(obs.iter_time)
-    value = float(np.mean(r1**2))
-    grad = 2.0 * (dlog @ r1) / r1.size
+    # Rows with a micro-batch time only (the halves of a split measuring step) add to the
+    # T_grad term alone; they cost a row of ones in a mask, not a second code path.
+    timed = ~np.isnan(obs.iter_time)
+    r1 = np.where(timed, log_pred - np.log(np.where(timed, obs.iter_time, 1.0)), 0.0)
+    n1 = int(np.count_nonzero(timed))
+    value = float(np.sum(r1**2)) / n1
+    grad = 2.0 * (dlog @ r1) / n1
     measured = ~np.isnan(obs.grad_time)
     if np.any(measured):
         r2 = np.log(tg[measured]) - np.log(obs.grad_time[measured])
@@ -165,7 +176,7 @@ def fit_perf_params(
     base = (
         float(np.mean(obs.grad_time[measured]))
         if np.any(measured)
-        else float(np.mean(obs.iter_time / (obs.accum_steps + 1)))
+        else float(np.nanmean(obs.iter_time / (obs.accum_steps + 1)))
     )
     mean_bsz = float(np.mean(obs.local_bsz))
     x0 = np.array(

@@ -169,6 +169,9 @@ class AdaptiveModel:
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._replicas = self.ctx.world_size
         self._piece_scale: float | None = None  # set when _rows[0] holds a piece gradient
+        # (samples, seconds) of the in-flight split step's halves, timed as the profile's
+        # micro-batches of that size once the optimizer step's time is added
+        self._halves: list[tuple[int, float]] = []
         # (2, P): the first micro-batch's gradient and the step's (K = 1)
         self._rows: torch.Tensor | None = None
         self._local_sq: torch.Tensor | None = None
@@ -462,15 +465,21 @@ class AdaptiveModel:
         sync = loader.is_sync_step
         weight = loader.micro_weight
         (loss * weight if s > 0 else loss).backward()
-        # Split steps are not timed: eq. 12 has no cost per step beyond its micro-batches, so
-        # their extra micro-batch (0.13 ms where a cancer MLP step took 0.57 ms) read as the
-        # fixed cost and the rest as per-sample cost, and the fit priced 64 at 3x 16 (it
-        # costs the same; issue 19).
+        passed = time.perf_counter()
+        # Split steps are not timed as steps at m: eq. 12 has no cost per step beyond its
+        # micro-batches, so their extra micro-batch (0.13 ms where a cancer MLP step took
+        # 0.57 ms) read as the fixed cost and the rest as per-sample cost, and the fit priced
+        # 64 at 3x 16 (it costs the same; issue 19). Their halves are timed as what they
+        # are, micro-batches of m // 2 and m - m // 2 (_time_halves).
         timed = (
             self._warmup <= 0
             and loader.step_local_bsz == loader.local_bsz
             and not loader.split_step
         )
+        if loader.split_step and self._warmup <= 0:
+            first = loader.micro_index == 0
+            half = loader.piece_bsz if first else loader.step_local_bsz - loader.piece_bsz
+            self._halves.append((half, passed - loader.fetch_start))
         if not sync:
             if loader.micro_index == 0 and self.ddp is None and self._measuring:
                 # The first micro-batch's gradient, scaled back from loss * weight.
@@ -485,7 +494,10 @@ class AdaptiveModel:
         else:
             save = self._checkpoint_due()
             finish = self._measure_single()
+        stepping = time.perf_counter()
         self._optimizer_step()
+        if self._halves:
+            self._time_halves(time.perf_counter() - stepping)
         if finish is not None:
             finish()
         loader.commit_step()
@@ -540,6 +552,22 @@ class AdaptiveModel:
             self.retune()
         self._request_split()
         return True
+
+    def _time_halves(self, optimizer_s: float) -> None:
+        """Profile a split step's two halves as micro-batches of their own sizes.
+
+        Until a job has run a second batch size, its fit had only one micro-batch size and
+        split it evenly into fixed and per-sample cost (a prior). A measuring step already
+        runs m // 2 and m - m // 2 samples at the same weights, so its halves time a second
+        size for free: each half's forward and backward (from its fetch, so the gradient
+        copies and the Gram matrix are not in it), plus the optimizer step that a step at
+        that size would take. On a GPU, where a step at 32 costs what one at 256 does, the
+        prior priced 2x at 1.5x the time and no digits job grew (issue 19).
+        """
+        nodes, replicas = self.ctx.env.num_nodes, self._replicas
+        for size, seconds in self._halves:
+            self.profile.record_grad((nodes, replicas, size, 0), seconds + optimizer_s)
+        self._halves = []
 
     def _key(self) -> tuple[int, int, int, int]:
         return (
@@ -648,7 +676,8 @@ class AdaptiveModel:
         training): while SciPy is still being imported in the background, the last fit.
         """
         version = tuple(
-            (k, int(math.log2(max(r[0], 1.0)))) for k, r in sorted(self.profile.rows.items())
+            (k, int(math.log2(max(r[0], 1.0))), int(math.log2(max(r[2], 1.0))))
+            for k, r in sorted(self.profile.rows.items())
         )
         if version == self._fit_version and self._perf is not None:
             return self._perf

@@ -74,9 +74,11 @@ class Profile:
         return row[2 * which + 1] / row[2 * which]
 
     def observations(self) -> Observations | None:
-        """The rows with at least one timed step, as :class:`Observations` (or None)."""
-        keys = [k for k, r in self.rows.items() if r[0] > 0]
-        if not keys:
+        """The rows with at least one timed step or micro-batch, as :class:`Observations`
+        (None until some optimizer step is timed). A row with micro-batch times only (the
+        halves of split measuring steps) has a NaN ``iter_time``."""
+        keys = [k for k, r in self.rows.items() if r[0] > 0 or r[2] > 0]
+        if not any(self.rows[k][0] > 0 for k in keys):
             return None
         arr = np.array(keys, dtype=np.float64)
         it = np.array([self.iter_time(k) for k in keys])
@@ -86,9 +88,12 @@ class Profile:
         )
 
     def table(self) -> list[dict[str, float]]:
-        """Rows as plain dictionaries (for the metrics channel)."""
+        """Rows with timed steps as plain dictionaries (for the metrics channel: the
+        controller fits θ_sys on whole steps; micro-batch-only rows stay in the job)."""
         out = []
         for (n, k, m, s), r in self.rows.items():
+            if r[0] <= 0:
+                continue
             out.append(
                 {
                     "nodes": n,

@@ -135,3 +135,25 @@ def test_profile_key_skips_unusable_rows() -> None:
     assert profile_key(None) == () and fit_profile([]) is None and fit_profile("x") is None
     bad = [{**r, "iter_time": -1.0} for r in _profile((1, 2))]
     assert fit_profile(bad) is None  # not fittable: no model rather than an error
+
+
+def test_micro_batch_only_rows_measure_the_split_the_prior_guessed() -> None:
+    """One whole-step size plus the halves of a split step (micro-batch times only, NaN
+    ``iter_time``): the fit recovers fixed and per-sample cost instead of splitting evenly."""
+    alpha, beta = 1e-3, 1e-5
+    t32, t16 = alpha + beta * 32, alpha + beta * 16
+    obs = Observations.build([1, 1], [1, 1], [32, 16], [t32, np.nan], [0, 0], [t32, t16])
+    fitted = fit_perf_params(obs)
+    assert fitted.alpha_grad == pytest.approx(alpha, rel=1e-2)
+    assert fitted.beta_grad == pytest.approx(beta, rel=5e-2)
+    prior = fit_perf_params(Observations.build([1], [1], [32], [t32], [0], [t32]))
+    assert prior.alpha_grad == pytest.approx(t32 / 2)  # what the job believed before
+
+
+def test_every_row_needs_some_time_and_one_row_a_step_time() -> None:
+    with pytest.raises(FitError, match="iter_time or a grad_time"):
+        Observations.build([1, 1], [1, 1], [32, 16], [1e-3, np.nan], [0, 0], [1e-3, np.nan])
+    with pytest.raises(FitError, match="no observation has an iter_time"):
+        Observations.build([1], [1], [16], [np.nan], [0], [1e-3])
+    with pytest.raises(FitError, match="grad_time must be finite"):
+        Observations.build([1], [1], [16], [1e-3], [0], [np.inf])

@@ -91,8 +91,28 @@ def test_a_measuring_step_is_split_and_trains_like_one(ctx: TrainingContext) -> 
         nn.functional.mse_loss(twin(x_all[idx]), y_all[idx]).backward()
         opt.step()
     assert torch.allclose(lin.weight, twin.weight, atol=1e-6)
-    # split steps are not timed: eq. 12 has no per-step cost beyond the micro-batches
+    # no step in the warm-up is timed (split or not)
     assert {k[2:] for k in model.profile.rows} == {(33, 0)}
+
+
+def test_a_split_steps_halves_time_two_more_micro_batch_sizes(ctx: TrainingContext) -> None:
+    """A split step is not a step at m (eq. 12 has no per-step cost beyond its micro-batches:
+    timing it as one priced 64 at 3x 16 on the cancer MLP), but each half is a micro-batch
+    of its own size at the same weights: the fit gets a second size before the job ever
+    changes its batch (issue 19)."""
+    data, lin, _ = linear_problem()
+    loader = AdaptiveDataLoader(data, batch_size=33, max_batch_size=66, seed=0, context=ctx)
+    model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader, measure_every=2)
+    sizes = _steps(model, loader, 8)
+    assert sizes[:3] == [16, 17, 33] and loader.local_bsz == 33  # gated: M stays 33
+    rows = model.profile.rows
+    split_steps = sum(1 for i in range(3, 8) if i % 2 == 0)  # after the 3 warm-up steps
+    assert rows[(1, 1, 16, 0)][0] == rows[(1, 1, 17, 0)][0] == 0  # no whole step at 16, 17
+    assert rows[(1, 1, 16, 0)][2] == rows[(1, 1, 17, 0)][2] == split_steps
+    assert rows[(1, 1, 33, 0)][0] == 8 - 3 - split_steps  # only unsplit steps time 33
+    obs = model.profile.observations()
+    assert obs is not None and sorted(obs.local_bsz.tolist()) == [16.0, 17.0, 33.0]
+    assert [r["local_bsz"] for r in model.profile.table()] == [33]
 
 
 def test_adam_is_not_measured_before_its_preconditioner_has_a_few_steps(

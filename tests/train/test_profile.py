@@ -59,3 +59,21 @@ def test_the_recent_history_survives_a_checkpoint_and_old_ones_load() -> None:
     assert r.iter_time(KEY) == pytest.approx((1e-3 + 2e-3 + 9e-3 + 1.1e-3) / 4)
     r.record_iter(KEY, 1e-3)  # recording again starts a recent history
     assert r.rows[KEY][0] == 5
+
+
+def test_micro_batch_only_rows_reach_the_fit_but_not_the_controller() -> None:
+    """The halves of split steps are micro-batch times only: the job's own fit reads them
+    (NaN ``iter_time``); the table the controller fits on keeps whole steps."""
+    p = Profile()
+    p.record_grad((1, 1, 16, 0), 0.9e-3)
+    assert p.observations() is None  # no optimizer step timed yet
+    p.record_iter(KEY, 1e-3)
+    p.record_grad(KEY, 1e-3)
+    obs = p.observations()
+    assert obs is not None
+    got = dict(
+        zip(obs.local_bsz.tolist(), zip(obs.iter_time, obs.grad_time, strict=True), strict=True)
+    )
+    assert got[32.0] == (pytest.approx(1e-3), pytest.approx(1e-3))
+    assert math.isnan(got[16.0][0]) and got[16.0][1] == pytest.approx(0.9e-3)
+    assert [row["local_bsz"] for row in p.table()] == [32]
