@@ -675,8 +675,8 @@ class AdaptiveModel:
         1 ms or 100 ms. Warm-started from the previous fit. ``wait=False`` (a re-tune during
         training): while SciPy is still being imported in the background, the last fit.
         """
-        version = tuple(
-            (k, int(math.log2(max(r[0], 1.0))), int(math.log2(max(r[2], 1.0))))
+        version = tuple(  # a row of split-step halves (micro-batches only) counts those
+            (k, int(math.log2(max(r[0] if r[0] > 0 else r[2], 1.0))))
             for k, r in sorted(self.profile.rows.items())
         )
         if version == self._fit_version and self._perf is not None:
