@@ -97,6 +97,13 @@ CHECKPOINT_MIN_GAP = 0.5
 RETUNE_BUDGET = 0.05
 #: Share of the training time that split noise measurements (K = 1) may cost.
 MEASURE_BUDGET = 0.05
+#: Noise measurements a one-replica job takes after a batch change before its follow-up
+#: re-tune (split steps every other step until then, outside MEASURE_BUDGET). Without them
+#: the follow-ups re-read the gate's φ: on the H200 a split step costs a whole step, the
+#: budget spaced measurements 20 steps apart, and digits jobs grew 32 -> 179 at steps 15,
+#: 24 and 33 on the φ = 324 they read at the gate (brute force 30-60), their AdaScale gain at
+#: its cap, and collapsed; on the CPU three more measurements took the same seed's φ to 34.
+FRESH_MEASUREMENTS = 3
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
@@ -203,6 +210,10 @@ class AdaptiveModel:
         # K = 1 without accumulation: steps between split measurements so that their extra
         # micro-batch costs at most MEASURE_BUDGET of the training time (set at re-tunes)
         self._split_spacing = 0
+        # gns.count at the last batch change (-1: none yet), and the step by which the
+        # follow-up re-tune runs even if FRESH_MEASUREMENTS are not in (e.g. Adam's warm-up)
+        self._changed_at_count = -1
+        self._followup_by = -1
         self._perf: PerfParams | None = None  # the last θ_sys fit, and the profile it saw
         self._fit_version: tuple[Any, ...] = ()
         self._stop_pending = False
@@ -239,8 +250,16 @@ class AdaptiveModel:
         """
         split = self.ddp is None and self.loader.accum_steps == 0
         if not self._gated:
+            if split and self._needs_fresh:
+                return 2
             return max(self.measure_every, self._split_spacing) if split else self.measure_every
         return 2 if split else 1
+
+    @property
+    def _needs_fresh(self) -> bool:
+        """Whether the last batch change still waits for FRESH_MEASUREMENTS of the noise."""
+        start = self._changed_at_count
+        return start >= 0 and 0 <= self.gns.count - start < FRESH_MEASUREMENTS
 
     @property
     def _measuring(self) -> bool:
@@ -535,6 +554,8 @@ class AdaptiveModel:
         # After a batch change the next look is the follow-up, once the new size is timed: an
         # epoch boundary in between re-tuned on a model that had not seen it, and the trust
         # region let the cancer MLP grow 2x twice in two steps (76 -> 152; issue 19).
+        if self.steps == self._followup < self._followup_by and self._needs_fresh:
+            self._followup += 1  # the next look needs news of the noise, not the same φ
         settling = self.steps < self._followup
         # While gated a periodic re-tune cannot change the batch (it only fitted); after,
         # periodic ones wait until their cost fits RETUNE_BUDGET (same step on every rank).
@@ -765,6 +786,8 @@ class AdaptiveModel:
             # a whole retune_every later: growing 2x per 20-50 steps kept short jobs near M0
             # for most of their run (issue 19). Every rank computes the same step.
             self._followup = self.steps + _WARMUP_STEPS + _FOLLOWUP_STEPS
+            self._followup_by = self._followup + _FOLLOWUP_STEPS
+            self._changed_at_count = self.gns.count
             self._piece_scale = None
             self.ctx.metrics.emit(
                 BatchRecord(

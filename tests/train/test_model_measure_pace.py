@@ -61,3 +61,38 @@ def test_retunes_when_the_measurements_double(ctx: TrainingContext) -> None:
             break
     gate = seen[0]
     assert [c for c in seen if c > gate][:3] == [2 * gate, 4 * gate, 8 * gate]
+
+
+def test_a_follow_up_waits_for_fresh_noise_measurements(ctx: TrainingContext) -> None:
+    """After a batch change the next look must not re-read the φ that decided the change:
+    split measurements resume every other step, outside the budget, until
+    FRESH_MEASUREMENTS are in; on a GPU the budget had spaced them 20 steps apart and jobs
+    grew three times on the gate's φ (issue 19)."""
+    from coadapt.train.model import _FOLLOWUP_STEPS, _WARMUP_STEPS, FRESH_MEASUREMENTS
+
+    model = _job(ctx, measure_every=4, retune_every=10**9)
+    loader = model.loader
+    plan = iter([(64, 0)])  # grow once at the gate, then keep
+    model._choose = lambda: next(plan, (loader.local_bsz, loader.accum_steps))  # type: ignore[method-assign]
+    looks: list[tuple[int, int]] = []  # (step, noise measurements) at every re-tune
+    retune = model.retune
+
+    def spy() -> None:
+        looks.append((model.steps, model.gns.count))
+        retune()
+        model._split_spacing = 50  # as on a GPU: the budget allows one split in 50 steps
+
+    model.retune = spy  # type: ignore[method-assign]
+    for _ in loader.epochs(50):
+        for x, y in loader:
+            model.step(nn.functional.mse_loss(model(x), y))
+            if len(looks) >= 2:
+                break
+        if len(looks) >= 2:
+            break
+    (gate_step, gate_count), (look_step, look_count) = looks[:2]
+    assert loader.local_bsz == 64
+    # not the gate's φ again (at the budget's spacing no step between them would measure)
+    assert look_count - gate_count >= max(FRESH_MEASUREMENTS, 1)
+    assert look_step <= gate_step + _WARMUP_STEPS + 2 * _FOLLOWUP_STEPS
+    assert model._measure_period == 50  # fresh noise in: back to the budget's spacing
