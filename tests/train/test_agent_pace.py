@@ -41,6 +41,9 @@ def test_the_gate_opens_after_one_step_per_measurement(ctx: TrainingContext) -> 
     loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=256, seed=0, context=ctx)
     opt = torch.optim.SGD(lin.parameters(), lr=0.01)
     model = AdaptiveModel(lin, opt, loader, retune_every=1000, measure_every=4)
+    # keep 32 at the gate: a batch change would measure every other step again until
+    # FRESH_MEASUREMENTS are in (test_a_follow_up_waits_for_fresh_noise_measurements)
+    model._choose = lambda: (loader.local_bsz, loader.accum_steps)  # type: ignore[method-assign]
     assert model._measure_period == 2  # gated, one replica: every other step (split)
     retunes = _run(model, loader, 2 * MIN_MEASUREMENTS + 1)
     # one replica, s = 0: every other gated step is split in two, one measurement each (the
