@@ -97,8 +97,9 @@ CHECKPOINT_MIN_GAP = 0.5
 RETUNE_BUDGET = 0.05
 #: Share of the training time that split noise measurements (K = 1) may cost.
 MEASURE_BUDGET = 0.05
-#: Noise measurements a one-replica job takes after a batch change before its follow-up
-#: re-tune (split steps every other step until then, outside MEASURE_BUDGET). Without them
+#: Noise measurements a job takes after a batch change before its follow-up re-tune (which
+#: waits for them, at most _FOLLOWUP_STEPS more steps; a one-replica job without
+#: accumulation splits every other step until then, outside MEASURE_BUDGET). Without them
 #: the follow-ups re-read the gate's φ: on the H200 a split step costs a whole step, the
 #: budget spaced measurements 20 steps apart, and digits jobs grew 32 -> 179 at steps 15,
 #: 24 and 33 on the φ = 324 they read at the gate (brute force 30-60), their AdaScale gain at
