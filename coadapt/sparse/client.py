@@ -51,6 +51,7 @@ from coadapt.sparse.server import (
     OP_COUNT,
     OP_HELLO,
     OP_LOAD,
+    OP_PING,
     OP_PULL,
     OP_PUSH,
     OP_SAVE,
@@ -294,6 +295,24 @@ class _Conn:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def answers(address: tuple[str, int], timeout: float) -> bool:
+    """Whether a shard server at ``address`` answers a PING within ``timeout`` seconds.
+
+    A bare connect is not enough: a SIGKILLed server's listening socket may still accept for a
+    moment while the kernel tears the process down, and the next request is then reset."""
+    try:
+        conn = _Conn(*address, timeout)
+    except OSError:
+        return False
+    try:
+        conn.call(OP_PING, [], [])
+        return True
+    except (OSError, RuntimeError):
+        return False
+    finally:
+        conn.close()
 
 
 class PSClient:

@@ -34,7 +34,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -66,7 +65,7 @@ from coadapt.sparse.checkpoint import (
     shard_file,
     write_manifest,
 )
-from coadapt.sparse.client import LocalStore, PSClient, SparseStore
+from coadapt.sparse.client import LocalStore, PSClient, SparseStore, answers
 from coadapt.sparse.formats import CRITEO_CATEGORICAL, CriteoBatch, ParseStats, parse_criteo
 from coadapt.sparse.jobs import MODELS, JobLayout, model_tables
 from coadapt.sparse.models import DeepFM, FactorizationMachine, LogisticRegression, auc
@@ -192,19 +191,17 @@ class ManagedServers:
             p.stop()
 
 
-def _alive(p: ServerProcess) -> bool:
-    """Running and accepting connections; a killed shard that is not reaped yet is dead."""
+def _alive(p: ServerProcess, timeout: float = 2.0) -> bool:
+    """Running and answering a PING; a killed shard that is not reaped yet is dead."""
     if p.proc.poll() is not None:
         return False
-    try:
-        socket.create_connection(p.address, timeout=2.0).close()
+    if answers(p.address, timeout):
         return True
-    except OSError:
-        try:
-            p.proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            return True  # alive but not answering: let the next attempt tell
-        return False
+    try:
+        p.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return True  # alive but not answering: let the next attempt tell
+    return False
 
 
 class PortFileServers:

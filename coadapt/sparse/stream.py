@@ -413,11 +413,13 @@ class NatsJetStreamSource(_NatsBase):
                 await self._js.delete_consumer(self.stream, name)
 
     async def _fetch(self, max_n: int, timeout: float) -> list[Any]:
-        import nats.errors
-
+        # nats-py raises its own TimeoutError when nothing came, but a bare asyncio one when
+        # the deadline passed between its two pull requests (a loaded machine). Both mean
+        # "nothing yet": what a late reply delivers waits in the subscription's queue, and the
+        # next fetch drains that queue first, in order.
         try:
             msgs: list[Any] = await self._sub.fetch(max_n, timeout=max(timeout, 0.001))
-        except nats.errors.TimeoutError:
+        except asyncio.TimeoutError:  # nats.errors.TimeoutError is a subclass
             return []
         return msgs
 

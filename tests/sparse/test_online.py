@@ -265,15 +265,47 @@ def test_nats_jetstream_source_with_a_server_kill_is_exactly_once(
                 os.kill(servers.procs[0].pid, signal.SIGKILL)
 
         uri = f"nats://127.0.0.1:4222?stream={name}&subject={name}.s"
-        tr = OnlineTrainer(
-            _cfg(tmp_path), source_factory(uri), servers, on_batch=kill, stderr=io.StringIO()
-        )
+        err = io.StringIO()
+        tr = OnlineTrainer(_cfg(tmp_path), source_factory(uri), servers, on_batch=kill, stderr=err)
         res = tr.run()
-        assert killed and res.recoveries == 1 and res.samples == len(lines)
+        assert killed and res.recoveries == 1 and res.samples == len(lines), err.getvalue()
         _assert_exactly_once(res.counters, lines)
     finally:
         prod.delete_stream()
         prod.close()
+
+
+_ACCEPTS_BUT_NEVER_ANSWERS = """
+import socket, sys, time
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()  # the supervisor's probe: taken, never answered, like a dying shard
+conn.close()
+time.sleep(0.5)
+"""
+
+
+def test_a_shard_that_accepts_but_never_answers_is_not_alive() -> None:
+    """A SIGKILLed shard's listening socket can still accept for a moment (seen under load in
+    CI): the supervisor must probe with a real request, or it keeps the dead shard and the
+    trainer fails a second time on reconnecting."""
+    from coadapt.sparse.online import _alive
+    from coadapt.sparse.server import ServerProcess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ACCEPTS_BUT_NEVER_ANSWERS], stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        assert not _alive(ServerProcess(proc, "127.0.0.1", port, 0), timeout=5.0)
+        assert proc.returncode == 0  # judged dead only once it had exited
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
 
 
 def test_bad_sources_and_port_files_say_what_is_wrong(tmp_path: Path) -> None:

@@ -193,6 +193,40 @@ def test_nats_jetstream_resumes_exactly_once(nats_stream: tuple[str, str]) -> No
         prod.close()
 
 
+def test_nats_a_bare_asyncio_timeout_is_an_empty_read(nats_stream: tuple[str, str]) -> None:
+    """nats-py lets asyncio's own TimeoutError out when its deadline passes between its two pull
+    requests (seen under load in CI); that is "nothing yet", not a failure of the source."""
+    import asyncio
+
+    from coadapt.sparse.stream import NatsJetStreamProducer, NatsJetStreamSource
+
+    stream, subject = nats_stream
+    prod = NatsJetStreamProducer(stream, subject)
+    src = NatsJetStreamSource(stream, subject)
+    try:
+        prod.publish(_records(6))
+        real_fetch = src._sub.fetch
+        calls = 0
+
+        async def late_fetch(*args: object, **kw: object) -> object:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise asyncio.TimeoutError
+            return await real_fetch(*args, **kw)
+
+        src._sub.fetch = late_fetch
+        assert src.read(4, timeout=0.5) == []
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 6 and time.monotonic() < deadline:
+            got += src.read(4, timeout=0.5)
+        assert got == _records(6)
+    finally:
+        src.close()
+        prod.close()
+
+
 # --------------------------------------------------------------------------- Redis Streams
 
 
