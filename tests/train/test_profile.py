@@ -77,3 +77,28 @@ def test_micro_batch_only_rows_reach_the_fit_but_not_the_controller() -> None:
     assert got[32.0] == (pytest.approx(1e-3), pytest.approx(1e-3))
     assert math.isnan(got[16.0][0]) and got[16.0][1] == pytest.approx(0.9e-3)
     assert [row["local_bsz"] for row in p.table()] == [32]
+
+
+def test_a_row_time_read_between_records_follows_every_new_record() -> None:
+    """Row times are cached between records (a re-tune reads each row several times); a new
+    step, a new micro-batch or a restored checkpoint must never leave a stale time."""
+    p = Profile()
+    for t in (1e-3, 1e-3, 1e-3, 1e-3):
+        p.record_iter(KEY, t)
+        p.record_grad(KEY, t / 2)
+    assert p.iter_time(KEY) == pytest.approx(1e-3)
+    assert p.grad_time(KEY) == pytest.approx(0.5e-3)
+    rng = np.random.default_rng(1)
+    seen = [1e-3] * 4
+    for t in 1e-3 * (2.0 + rng.random(40)):
+        p.record_iter(KEY, float(t))
+        seen.append(float(t))
+        assert p.iter_time(KEY) == pytest.approx(np.percentile(seen[-RECENT:], 25))
+    assert p.grad_time(KEY) == pytest.approx(0.5e-3)  # the other column kept its time
+    p.record_grad(KEY, 9e-3)
+    assert p.grad_time(KEY) == pytest.approx(np.percentile([0.5e-3] * 4 + [9e-3], 25))
+    q = Profile()
+    q.record_iter(KEY, 7e-3)
+    assert q.iter_time(KEY) == pytest.approx(7e-3)
+    q.load_state_dict(p.state_dict())
+    assert q.iter_time(KEY) == p.iter_time(KEY)
