@@ -691,9 +691,10 @@ class AdaptiveModel:
         twice the steps it had at the last fit (mean times then settle, and refitting every
         retune cost up to 0.2 s a time on a loaded 2-core machine, 10-20 steps' worth).
 
-        The fit runs with one BLAS thread: its vectors have 7 entries, and OpenBLAS's
-        threads, spinning against the training thread for the cores, made the same fit take
-        1 ms or 100 ms. Warm-started from the previous fit. ``wait=False`` (a re-tune during
+        Rows of one replica only: Gauss-Newton on (α, β), in plain Python. Otherwise SciPy's
+        L-BFGS-B with one BLAS thread: its vectors have 7 entries, and OpenBLAS's threads,
+        spinning against the training thread for the cores, made the same fit take 1 ms or
+        100 ms. Warm-started from the previous fit. ``wait=False`` (a re-tune during
         training): while SciPy is still being imported in the background, the last fit.
         """
         version = tuple(  # a row of split-step halves (micro-batches only) counts those
@@ -702,14 +703,19 @@ class AdaptiveModel:
         )
         if version == self._fit_version and self._perf is not None:
             return self._perf
-        if not wait and not _OPTIMIZER.ready:
-            # A re-tune in training never waits for SciPy's import: the first one used to
-            # block for it (1.6 s, half a short job's run, on a loaded machine; issue 19).
-            _OPTIMIZER.start()
-            return self._perf
         try:
-            with _OPTIMIZER.one_blas_thread():
-                self._perf = fit_perf_params(obs, initial=self._perf)
+            if bool((obs.num_replicas == 1).all()):
+                # Gauss-Newton in plain Python (0.16 ms): neither SciPy nor BLAS is needed,
+                # so even the first re-tune of a one-replica job need not wait for them.
+                self._perf = fit_perf_params(obs, initial=self._perf, exact_one_replica=True)
+            elif not wait and not _OPTIMIZER.ready:
+                # A re-tune in training never waits for SciPy's import: the first one used
+                # to block for it (1.6 s, half a short job's run, on a loaded machine).
+                _OPTIMIZER.start()
+                return self._perf
+            else:
+                with _OPTIMIZER.one_blas_thread():
+                    self._perf = fit_perf_params(obs, initial=self._perf)
         except FitError:
             return None
         self._fit_version = version

@@ -157,3 +157,65 @@ def test_every_row_needs_some_time_and_one_row_a_step_time() -> None:
         Observations.build([1], [1], [16], [np.nan], [0], [1e-3])
     with pytest.raises(FitError, match="grad_time must be finite"):
         Observations.build([1], [1], [16], [1e-3], [0], [np.inf])
+
+
+def _scipy_one_replica(obs: Observations, alpha_fixed: float | None) -> float:
+    """The lowest objective L-BFGS-B finds over (α, β) from a few starts (the general path's
+    method, run here directly): what the one-replica fast path must match or beat."""
+    import scipy.optimize
+
+    base = float(np.nanmean(obs.iter_time))
+    best = math.inf
+    for start in (0.5, 0.1, 0.9):
+        a0 = base * start if alpha_fixed is None else alpha_fixed
+        b0 = base * (1 - start) / float(np.mean(obs.local_bsz))
+        unit = np.array([a0, b0])
+
+        def f(u: np.ndarray, unit: np.ndarray = unit) -> tuple[float, np.ndarray]:
+            a = unit[0] if alpha_fixed is not None else u[0] * unit[0]
+            x = np.array([a, u[1] * unit[1], 1e-8, 1e-8, 1.1e-8, 1.1e-8, 1.0])
+            value, grad = _objective(x, obs, 0.0)
+            g = grad[:2] * unit
+            if alpha_fixed is not None:
+                g[0] = 0.0
+            return value, g
+
+        lo = 1e-8 / unit
+        bounds = [(float(lo[0]), None), (float(lo[1]), None)]
+        res = scipy.optimize.minimize(f, np.ones(2), jac=True, method="L-BFGS-B", bounds=bounds)
+        best = min(best, float(res.fun))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_one_replica_fit_finds_the_least_squares_optimum(seed: int) -> None:
+    """At one replica the fit is a two-parameter Gauss-Newton, not L-BFGS-B (10x cheaper;
+    a short job re-fits after every batch change): its fits are as good as L-BFGS-B's, on
+    noisy steps, accumulation, micro-batch-only rows, a flat step cost (β at its bound) and
+    one batch size (α at its prior)."""
+    rng = np.random.default_rng(seed)
+    kind = seed % 4
+    alpha = float(rng.uniform(1e-4, 5e-3))
+    beta = 0.0 if kind == 2 else float(alpha * rng.uniform(1e-3, 0.2))
+    sizes = [32.0] if kind == 3 else sorted(rng.choice([8, 16, 32, 53, 64, 128], 3, False))
+    m = np.array(sizes, dtype=float)
+    s = np.array([0.0] * len(sizes)) if kind != 1 else rng.integers(0, 3, len(sizes)) * 1.0
+    noise = np.exp(rng.normal(0, 0.05, len(sizes)))
+    t = (s + 1) * (alpha + beta * m) * noise
+    grad = np.full(len(sizes), np.nan)
+    if kind == 0:  # the halves of a split step: micro-batch times only
+        m = np.append(m, m[0] // 2)
+        s, t = np.append(s, 0.0), np.append(t, np.nan)
+        grad = np.append(grad, (alpha + beta * m[-1]) * float(rng.uniform(0.95, 1.05)))
+    obs = Observations.build(np.ones_like(m), np.ones_like(m), m, t, s, grad)
+    fitted = fit_perf_params(obs, exact_one_replica=True)
+    x = fitted.as_array()
+    assert fitted.gamma == 1.0 and fitted.alpha_local == pytest.approx(1e-8)
+    ours = _objective(x, obs, 0.0)[0]
+    alpha_fixed = x[0] if kind == 3 else None
+    assert ours <= _scipy_one_replica(obs, alpha_fixed) * (1 + 1e-6) + 1e-12
+    if kind == 3:
+        assert fitted.alpha_grad == pytest.approx(float(np.nanmean(t)) / 2)
+    warm = fit_perf_params(obs, initial=fitted, exact_one_replica=True)  # same fit
+    assert warm.alpha_grad == pytest.approx(fitted.alpha_grad, rel=1e-6)
+    assert warm.beta_grad == pytest.approx(fitted.beta_grad, rel=1e-6, abs=1e-9)

@@ -79,9 +79,11 @@ def test_a_fixed_batch_job_keeps_the_amortised_period(ctx: TrainingContext) -> N
 def test_a_retune_never_waits_for_the_optimizer_import(
     ctx: TrainingContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While SciPy is still loading, a re-tune in training keeps the batch (no fit, no
-    stall); an explicit goodput_model() waits for it and fits."""
+    """While SciPy is still loading, a one-replica job fits anyway (its Gauss-Newton fit
+    needs neither SciPy nor BLAS), a re-tune of several replicas' rows keeps the last fit (no
+    stall), and an explicit goodput_model() waits for SciPy and fits."""
     import coadapt.train.model as cm
+    from coadapt.goodput import Observations
 
     fresh = cm._Optimizer()
     monkeypatch.setattr(fresh, "start", lambda: None)  # the import "never finishes"
@@ -90,8 +92,12 @@ def test_a_retune_never_waits_for_the_optimizer_import(
     loader = AdaptiveDataLoader(data, batch_size=32, max_batch_size=256, seed=0, context=ctx)
     model = AdaptiveModel(lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader)
     _run(model, loader, 3 * MIN_MEASUREMENTS + 4)  # the gate has opened: a re-tune ran
-    assert model.gns.count >= MIN_MEASUREMENTS and model._perf is None  # it did not fit
-    assert loader.batch_size == 32 and model.goodput_model(wait=False) is None
+    assert model.gns.count >= MIN_MEASUREMENTS and model._perf is not None  # fitted
+    assert not fresh.ready  # without SciPy
+    one = model._perf
+    two = Observations.build([1, 1], [2, 2], [32, 64], [2e-3, 3e-3])  # two replicas' rows
+    model._fit_version = None
+    assert model._fit(two, wait=False) is one  # no SciPy yet: the last fit, no stall
     monkeypatch.undo()
     loaded = cm._Optimizer()
     assert not loaded.ready
@@ -99,7 +105,8 @@ def test_a_retune_never_waits_for_the_optimizer_import(
     with loaded.one_blas_thread():  # joins the loading thread first
         pass
     assert loaded.ready
-    assert model.goodput_model() is not None  # waits for the real one and fits
+    fitted = model._fit(two, wait=True)  # waits for the real one and fits
+    assert fitted is not None and fitted is not one
 
 
 def test_periodic_retunes_fit_their_time_budget(ctx: TrainingContext) -> None:
