@@ -203,10 +203,12 @@ def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> 
     pid = ctx.shard_pids[0]
     os.kill(pid, signal.SIGSTOP)  # alive but silent: the slow-shard case
     try:
-        status, _, body = ctx.binary()
+        status, headers, body = ctx.binary()
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert status == 503, body
+    # Seen once in a full parallel run (not reproduced alone or under load): 200 here. Say
+    # which version answered and what the shards were then, for whoever sees it next.
+    assert status == 503, (body[:200], headers, pid, ctx.info().get("sparse"))
     assert f"did not answer within {TIMEOUT_MS} ms" in json.loads(body)["error"]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and ctx.binary()[0] != 200:
