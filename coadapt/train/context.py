@@ -10,6 +10,7 @@ scheduler rescales a job. With no environment at all it is a plain single proces
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 import signal
 import statistics
@@ -298,7 +299,17 @@ class TrainingContext:
                 work = dist.barrier(async_op=True)
                 if work is not None:
                     work.wait(timeout=timedelta(seconds=_SHUTDOWN_BARRIER_S))
+            # destroy_process_group only unregisters the group: each DDP wrapper still holds
+            # it (seen: alive after shutdown, referred to by the wrapper's __dict__), so its
+            # gloo threads lived until interpreter finalization, where a rank now and then
+            # died with "terminate called without an active exception". Registered models
+            # let go of their wrappers, and the group is freed here, while Python still runs.
+            for obj in self._states.values():
+                leave = getattr(obj, "leave_process_group", None)
+                if callable(leave):
+                    leave()
             dist.destroy_process_group()
+            gc.collect()
             self._owns_group = False
 
 

@@ -269,6 +269,13 @@ class AdaptiveModel:
             return False
         return self.steps % self._measure_period == 0
 
+    def leave_process_group(self) -> None:
+        """Drop the DDP wrapper (and with it this model's hold on the process group): called
+        by ``ct.shutdown()`` before the group is destroyed. The model still runs forward
+        passes on its own module (an evaluation after training)."""
+        self.ddp = None
+        self._extra, self._global_parts = None, []
+
     # -- forward --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._stop_pending:

@@ -52,3 +52,42 @@ def test_a_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> No
     assert len(starts) == 2 and starts[1]["restored"] and starts[1]["steps"] == stopped_at
     last_step = [r for r in first if r["event"] == "step"][-1]
     assert starts[1]["hash"] == last_step["hash"]
+
+
+_SHUTDOWN_SCRIPT = """
+import gc, weakref
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+import coadapt.train as ct
+
+ctx = ct.init()
+g = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(512, 8, generator=g), torch.randint(0, 2, (512,), generator=g))
+loader = ct.AdaptiveDataLoader(data, batch_size=32, max_batch_size=32, seed=0)
+net = torch.nn.Linear(8, 2)
+model = ct.AdaptiveModel(net, torch.optim.SGD(net.parameters(), lr=0.1), loader)
+for step, (x, y) in enumerate(loader):
+    model.step(F.cross_entropy(model(x), y))
+    if step == 5:
+        break
+wrapper = weakref.ref(model.ddp)
+ct.shutdown()
+out = model(torch.zeros(3, 8))  # an evaluation after training runs on the module itself
+print("FREED", ctx.rank, wrapper() is None, tuple(out.shape), flush=True)
+"""
+
+
+def test_shutdown_frees_the_ddp_wrapper_while_python_runs(tmp_path: Path) -> None:
+    """``ct.shutdown()`` leaves no DDP wrapper (with its reducer and Python comm hook) holding
+    the destroyed process group until interpreter finalization, where a rank now and then
+    aborted ("terminate called without an active exception"); the model still evaluates."""
+    script = tmp_path / "shutdown_job.py"
+    script.write_text(_SHUTDOWN_SCRIPT)
+    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", str(script)]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for rank in (0, 1):
+        assert f"FREED {rank} True (3, 2)" in proc.stdout, proc.stdout[-2000:]
