@@ -114,6 +114,9 @@ class FuzzResult:
     by_operation: dict[str, Counter[str]] = field(default_factory=dict)
     accepted_submissions: Counter[str] = field(default_factory=Counter)
     undeclared: Counter[str] = field(default_factory=Counter)  # "METHOD path status"
+    # the first few such answers in full: a rare one (a 400 on GET /api/v1/deployments, seen
+    # once, not reproduced in 4000 cases of that operation) must say what it was
+    undeclared_samples: list[dict[str, Any]] = field(default_factory=list)
     server_errors: list[dict[str, Any]] = field(default_factory=list)
     transport_errors: list[str] = field(default_factory=list)
     skipped: Counter[str] = field(default_factory=Counter)  # batches with nothing generated
@@ -126,6 +129,7 @@ class FuzzResult:
             "by_operation": {k: dict(v) for k, v in self.by_operation.items()},
             "accepted_submissions": dict(self.accepted_submissions),
             "undeclared_statuses": dict(self.undeclared),
+            "undeclared_samples": self.undeclared_samples,
             "server_errors": self.server_errors,
             "transport_errors": self.transport_errors,
             "skipped_batches": dict(self.skipped),
@@ -230,6 +234,18 @@ def _record(
         result.accepted_submissions[key] += 1
     if str(status) not in declared and f"{status // 100}XX" not in declared:
         result.undeclared[f"{key} {status}"] += 1
+        if len(result.undeclared_samples) < 5:
+            result.undeclared_samples.append(
+                {
+                    "operation": key,
+                    "status": status,
+                    "path": case.formatted_path,
+                    "query": _short(case.query),
+                    "headers": _short(getattr(case, "headers", None)),
+                    "body": _short(case.body),
+                    "response": text[:300],
+                }
+            )
     if status >= 500:
         result.server_errors.append(
             {

@@ -39,7 +39,7 @@ def test_schemathesis_finds_no_5xx(tmp_path: Path) -> None:
     assert result.server_errors == [], result.server_errors
     assert result.transport_errors == [], result.transport_errors
     assert result.accepted_submissions.get("POST /api/v1/jobs", 0) > 0, result.as_json()
-    assert dict(result.undeclared) == {}, result.undeclared
+    assert dict(result.undeclared) == {}, (result.undeclared, result.undeclared_samples)
 
 
 def test_schema_declares_bodies_errors_and_the_bearer_scheme(client: SyncASGI) -> None:
