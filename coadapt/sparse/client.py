@@ -308,11 +308,13 @@ def answers(address: tuple[str, int], timeout: float) -> bool:
         return False
     try:
         conn.call(OP_PING, [], [])
-        return True
-    except (OSError, RuntimeError):
+    except RuntimeError:
+        return True  # an error status is still an answer: the server is up
+    except OSError:
         return False
     finally:
         conn.close()
+    return True
 
 
 class PSClient:

@@ -96,7 +96,7 @@ def test_a_retune_never_waits_for_the_optimizer_import(
     assert not fresh.ready  # without SciPy
     one = model._perf
     two = Observations.build([1, 1], [2, 2], [32, 64], [2e-3, 3e-3])  # two replicas' rows
-    model._fit_version = None
+    model._fit_version = ()  # forget the last fit's profile version: fit again
     assert model._fit(two, wait=False) is one  # no SciPy yet: the last fit, no stall
     monkeypatch.undo()
     loaded = cm._Optimizer()
