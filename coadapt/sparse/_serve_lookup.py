@@ -45,7 +45,7 @@ from coadapt.sparse._probe import (
     _splitmix,
 )
 
-__all__ = ["pool_rows", "probe_rows"]
+__all__ = ["FILTER_MULT", "overlay_rows", "pool_rows", "probe_rows"]
 
 _D = 16
 """IDs between hashing one (and prefetching its buckets) and scanning it."""
@@ -53,6 +53,12 @@ _RING = 64
 """Slots of the pipeline's ring of hashed IDs (a power of two > ``_D``)."""
 _AHEAD = 16
 """Rows prefetched ahead of the pooling (positions in bag order)."""
+FILTER_MULT = np.uint64(0x9E3779B97F4A7C15)
+"""Multiplier of a delta overlay's key filter (odd: the product's top bits mix every bit of
+the key). With ``h = key * FILTER_MULT`` (mod 2**64) and ``2**width`` 64-bit words, a key
+sets two bits of one word: word ``h >> (64 - width)``, bits ``(h >> (58 - width)) & 63`` and
+``(h >> (52 - width)) & 63`` (one memory read per look-up, about 1/3 the false positives of
+one bit a key)."""
 _LOWEST = np.array([8] + [(m & -m).bit_length() - 1 for m in range(1, 256)], np.int64)
 """Index of the lowest set bit of an 8-bit match mask (8 for none)."""
 
@@ -192,3 +198,34 @@ def pool_rows(refs: Any, back: Any, bag: int, dim: int, out: Any) -> None:  # pr
                     acc[c] += _load_f32(r + 4 * c)
         for c in range(dim):
             out[o, c] = acc[c]
+
+
+@kernel()
+def overlay_rows(  # pragma: no cover - compiled
+    keys: Any, width: Any, words: Any, ov_keys: Any, row_addr: int, row_stride: int, dim: int,
+    refs: Any,
+) -> None:  # fmt: skip
+    """``refs[i]`` = address of ``keys[i]``'s row in a delta's overlay where the overlay holds
+    it (0 where the overlay deletes it: the flag after the ``dim`` values is non-zero); the
+    other entries are left as they are. ``ov_keys`` are the overlay's keys, ascending; ``words``
+    its filter (:data:`FILTER_MULT`), so a key the overlay cannot hold, nearly every one of a
+    request's, costs one multiply and one read; only the others are searched for."""
+    m = ov_keys.size
+    s1, s2, s3 = np.uint64(64) - width, np.uint64(58) - width, np.uint64(52) - width
+    low = np.uint64(63)
+    for i in range(keys.size):
+        k = keys[i]
+        h = k * FILTER_MULT
+        need = (_ONE << ((h >> s2) & low)) | (_ONE << ((h >> s3) & low))
+        if words[h >> s1] & need != need:
+            continue
+        lo, hi = 0, m
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if ov_keys[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < m and ov_keys[lo] == k:
+            r = row_addr + lo * row_stride
+            refs[i] = 0 if _load_f32(r + 4 * dim) != np.float32(0.0) else r

@@ -1,8 +1,9 @@
 """The serving look-up kernels (``coadapt.sparse._serve_lookup``, through
 ``ShardedTable.pool_sum`` and ``ServingEmbedding``): bag sums bit for bit equal to
 ``embedding_bag(mode="sum")`` over the rows ``ShardedTable.take`` finds, at several widths and
-shard counts, with unknown, extreme and repeated IDs, rows added by deltas, shared IDs; and the
-cases that must keep ``take``'s path (a delta in its overlay, no kernels)."""
+shard counts, with unknown, extreme and repeated IDs, rows added by deltas, a delta still in its
+overlays, shared IDs; the overlays' key filter; and the case that must keep ``take``'s path (no
+kernels)."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def _delta(view: SparseView, upd: np.ndarray, new: np.ndarray, gone: np.ndarray)
     return prepare_delta(view, {"t": parts}, "v")
 
 
-def test_rows_added_by_deltas_are_found_and_an_overlay_keeps_takes_path() -> None:
+def test_a_delta_in_its_overlay_is_summed_by_the_kernels_bit_for_bit() -> None:
     keys = np.arange(1, 2001, dtype=np.uint64) * np.uint64(104729)
     view = SparseView({"t": _table(keys, 8, 2, packed=True)})
     new = np.arange(10**9, 10**9 + 300, dtype=np.uint64)
@@ -127,11 +128,8 @@ def test_rows_added_by_deltas_are_found_and_an_overlay_keeps_takes_path() -> Non
     q = np.concatenate([keys, new, np.array([5, 6], np.uint64)])
     q = q[np.random.default_rng(7).permutation(q.size)][: 40 * 50]
     t = pending.view.tables["t"]
-    assert t.pool_sum(q, NO_BACK, 50) is None  # the overlay answers first: take's path
-    emb = ServingEmbedding(t, "sum")
-    x = torch.from_numpy(q.view(np.int64).reshape(40, 50))
-    with torch.inference_mode():
-        during = emb(x)
+    during = t.pool_sum(q, NO_BACK, 50)  # the overlays answer first, in the kernels
+    assert _same(during, _want(t, q, NO_BACK, 50))  # take's path through the overlays
     for step in pending.steps():
         step()
     assert pending.finish() == []
@@ -139,7 +137,61 @@ def test_rows_added_by_deltas_are_found_and_an_overlay_keeps_takes_path() -> Non
     got = t.pool_sum(q, NO_BACK, 50)
     assert _same(got, _want(t, q, NO_BACK, 50))
     assert np.count_nonzero(np.isin(q, new))  # some positions read rows of the extras
-    assert _same(got, during.numpy())  # merged or in the overlay: the same answer
+    assert during is not None and _same(got, during)  # merged or in the overlay: the same
+
+    # a second delta over the first: rows of the extras updated and deleted, base rows
+    # deleted, more rows added; read through back (shared positions) and signed IDs
+    view = pending.view
+    second = _delta(view, np.concatenate([new[:40], keys[200:260]]),
+                    np.arange(2 * 10**9, 2 * 10**9 + 64, dtype=np.uint64) * np.uint64(64),
+                    np.concatenate([new[250:270], keys[300:330]]))  # fmt: skip
+    t2 = second.view.tables["t"]
+    q2 = np.concatenate([q, np.arange(2 * 10**9, 2 * 10**9 + 64, dtype=np.uint64) * 64])
+    back = np.random.default_rng(8).integers(0, q2.size, 60 * 40)
+    want = _want(t2, q2, back, 40)
+    assert _same(t2.pool_sum(q2.view(np.int64), back, 40), want)
+    for step in second.steps():
+        step()
+    assert second.finish() == []
+    assert _same(t2.pool_sum(q2, back, 40), want)
+    gone = np.concatenate([new[250:270], keys[300:330]])
+    assert not t2.pool_sum(gone, NO_BACK, 1).any()  # deleted: the zero embedding
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        np.arange(1, 5001, dtype=np.uint64),  # small consecutive IDs
+        np.arange(1, 3001, dtype=np.uint64) << np.uint64(20),  # low bits all zero
+        np.concatenate([EXTREMES, np.arange(7, 70000, 7, dtype=np.uint64)]),
+        np.array([42], np.uint64),
+    ],
+)
+def test_an_overlays_filter_never_hides_a_key_it_holds(held: np.ndarray) -> None:
+    rows = np.zeros((held.size, 4), np.float32)
+    rows[::3, 3] = 1.0  # every third row is a deletion
+    rows[1::3, 0] = 7.0
+    ov = sparse_model.Overlay(held[::-1].copy(), rows[::-1].copy())  # sorted by the overlay
+    rng = np.random.default_rng(3)
+    absent = np.setdiff1d(rng.integers(0, 2**64 - 1, 20000, dtype=np.uint64), held)
+    ask = np.concatenate([held, absent, held[:10] + np.uint64(1)])
+    ask = ask[rng.permutation(ask.size)]
+    idx = ov.lookup(ask)
+    mine = np.isin(ask, held)
+    assert (idx[mine] >= 0).all() and (idx[~mine] == -1).all()
+    assert np.array_equal(ov.keys[idx[mine]], ask[mine])
+    refs = np.full(ask.size, -5, np.int64)  # untouched where the overlay holds nothing
+    ov.point(ask, refs)
+    assert (refs[~mine] == -5).all()
+    deleted = mine.copy()
+    deleted[mine] = ov.rows(idx[mine])[:, 3] != 0.0
+    assert (refs[deleted] == 0).all()
+    live = mine & ~deleted
+    rows_at = ov._rows.ctypes.data + idx[live] * ov._rows.strides[0]  # into the overlay itself
+    assert np.array_equal(refs[live], rows_at)
+    if absent.size > 1000:  # the filter lets few absent keys through to the search
+        word, need = ov._hash(absent)
+        assert np.count_nonzero(ov.words[word] & need == need) < 0.05 * absent.size
 
 
 def test_serving_embedding_sums_without_take(monkeypatch: pytest.MonkeyPatch) -> None:
