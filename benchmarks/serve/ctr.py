@@ -35,6 +35,8 @@ tables per raw byte (8-byte key + 4 x dim) and each worker's RSS.
    ``_probe``: ns per key of one table's probe, numpy path vs compiled (:func:`probe_main`).
    ``_stages``: the request's stages before and after ``ShardedTable.pool_sum`` and an
    interleaved old/new A/B of the whole request (:func:`stages_main`).
+   ``_overlay``: the forward while a delta is merged, compiled look-up vs ``take``'s path
+   (:func:`overlay_main`).
    Both take ``--huge-pages off,inside,...`` (``_profile`` also ``packed``): a twin table per
    further mode, read by its own interleaved arm (the huge-page A/B of ``docs/serve.md``).
 
@@ -449,10 +451,12 @@ def run_big(
                     float(r["rps"]) for r in out if str(r["name"]).startswith("ctr-200x500-r")
                 )
                 swap_rate = args.ctr_swap_rate or max(2.0, (best["rate"] if best else served) / 2)
-                nxt = mutate(client, rows_total, args.ctr_delta_frac, rng, nxt)
-                md2, _, _ = publish(True, 2)
+                swaps = []
+                for step in range(2, 2 + args.ctr_swaps):
+                    nxt = mutate(client, rows_total, args.ctr_delta_frac, rng, nxt)
+                    swaps.append(str(publish(True, step)[0].version))
                 out.append(
-                    during_delta(srv, root, md2.version, body, swap_rate, args,
+                    during_delta(srv, root, swaps, body, swap_rate, args,
                                  "ctr-200x500-during-delta", log)
                 )  # fmt: skip
                 unsharded_rss = srv.rss()
@@ -512,23 +516,27 @@ def sweep(
 
 
 def during_delta(
-    srv: Served, root: Path, version: str, body: Sequence[bytes], rate: float,
+    srv: Served, root: Path, versions: Sequence[str], body: Sequence[bytes], rate: float,
     args: argparse.Namespace, name: str, log: Callable[[str], None],
 ) -> dict[str, Any]:  # fmt: skip
-    """Server-side p99 while ``version`` (a delta) goes live vs the steady p99 before it, in
-    one open-loop run at ``rate``: the window is LIVE moved until every worker serves it, plus
-    1 s of merging."""
+    """Server-side p99 while each of ``versions`` (deltas, in order) goes live vs the steady
+    p99 before the first, in one open-loop run at ``rate``: a window per delta is LIVE moved
+    until every worker serves it, plus 1 s of merging; the windows are pooled, 1 s apart.
+    Why several: one window at 20-40 req/s holds 30-60 requests, so its p99 is its slowest
+    request; three give the percentile some requests to stand on."""
     from coadapt.serve import codec
     from coadapt.serve.artifacts import set_live
 
-    marks: dict[str, float] = {}
+    marks: list[tuple[float, float]] = []
 
     def swap() -> None:
         time.sleep(args.ctr_duration)
-        marks["t0"] = time.perf_counter()
-        set_live(root, version)
-        srv.wait_version(version)
-        marks["t1"] = time.perf_counter()
+        for v in versions:
+            t0 = time.perf_counter()
+            set_live(root, v)
+            srv.wait_version(v)
+            marks.append((t0, time.perf_counter()))
+            time.sleep(2.0)  # the window's 1 s of merging, then 1 s of quiet
 
     # Warm up first, as the rate rows do: the worker sat idle while the delta was trained and
     # published (seconds), so the window's first requests ran on cold caches, and with ~30
@@ -537,19 +545,26 @@ def during_delta(
     open_loop(srv.port, body, codec.BINARY, rate, 2.0)
     th = threading.Thread(target=swap)
     th.start()
-    recs = open_loop(srv.port, body, codec.BINARY, rate, 3 * args.ctr_duration)
+    recs = open_loop(
+        srv.port, body, codec.BINARY, rate, 2 * args.ctr_duration + 4.0 * len(versions)
+    )
     th.join()
-    lo, hi = marks["t0"], marks["t1"] + 1.0
-    during = [r for r in recs if lo <= r[0] + r[1] and r[0] <= hi]
-    steady = [r for r in recs if r[0] + r[1] < lo]
+    if len(marks) != len(versions):
+        raise RuntimeError(f"{len(marks)} of {len(versions)} deltas went live during the load")
+    windows = [(lo, hi + 1.0) for lo, hi in marks]
+    during = [r for r in recs if any(lo <= r[0] + r[1] and r[0] <= hi for lo, hi in windows)]
+    steady = [r for r in recs if r[0] + r[1] < windows[0][0]]
     d, s = summarize(during, name), summarize(steady, "steady")
     d.update(
         rate=rate,
+        swaps=len(versions),
         steady_p99_ms=s["p99_ms"],
         steady_p50_ms=s["p50_ms"],
+        steady_requests=len(steady),
+        during_requests=len(during),
         p99_ratio=round(d["p99_ms"] / s["p99_ms"], 2) if s["p99_ms"] else None,
         errors_total=summarize(recs, "all")["errors"],
-        apply_s=round(marks["t1"] - marks["t0"], 2),
+        apply_s=[round(hi - lo, 2) for lo, hi in marks],
         versions=sorted({r[4] for r in recs}),
         table_shards=len(srv.shards),
         load_avg=round(os.getloadavg()[0], 2),
@@ -603,9 +618,10 @@ def run_sharded(
         log(json.dumps(out[-1]))
         rate_rows, _ = sweep(srv, body, args, f"ctr-sharded{n}-200x500", log)
         out += rate_rows
-        version = next_delta(3)
+        step = 2 + args.ctr_swaps
+        versions = [next_delta(step + i) for i in range(args.ctr_swaps)]
         out.append(
-            during_delta(srv, root, version, body, swap_rate, args,
+            during_delta(srv, root, versions, body, swap_rate, args,
                          f"ctr-sharded{n}-200x500-during-delta", log)
         )  # fmt: skip
     finally:
@@ -1275,6 +1291,118 @@ def stages_main(argv: list[str]) -> int:
     return 0
 
 
+def overlay_main(argv: list[str]) -> int:
+    """The served forward while a delta is merged, in process: the same requests alternated
+    between the version without the delta, the version with its overlays through the compiled
+    look-up (``pool_sum``, what a worker runs) and the same overlays through ``take``'s numpy
+    path (what a worker ran during every merge until the overlays took the compiled pass).
+
+        python benchmarks/serve/ctr.py _overlay --rows 5000000 --iters 100
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from coadapt.serve import codec
+    from coadapt.serve.models import CtrRanker
+    from coadapt.serve.sparse_model import SparseView, TableStore, _swap_embeddings, prepare_delta
+    from coadapt.sparse import _serve_lookup
+    from coadapt.sparse.embedding import ids_to_numpy
+    from coadapt.sparse.export import DeltaTable
+    from coadapt.sparse.server import shard_of
+
+    p = in_process_parser("ctr.py _overlay", "requests per arm")
+    p.add_argument("--delta-frac", type=float, default=0.01, help="rows updated by the delta")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    if _serve_lookup.probe_rows is None:
+        p.error("the compiled kernels are unavailable (numba absent or COADAPT_NO_JIT set)")
+    if not 0 < a.delta_frac <= 0.5:
+        p.error(f"--delta-frac: {a.delta_frac} is not in (0, 0.5]")
+
+    def log(msg: str) -> None:
+        print(f"[ctr-overlay {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    torch.set_num_threads(1)  # as a worker runs (--threads 1)
+    table = _served_tables(a.rows, a.dim, a.shards, log, "packed")
+    view = SparseView({"ctr": table})
+    rng = np.random.default_rng(0)
+    # the delta: --delta-frac of the rows updated, a tenth as many added, a twentieth deleted
+    upd = key_of(rng.choice(a.rows, int(a.rows * a.delta_frac), replace=False))
+    new = key_of(np.arange(a.rows, a.rows + int(a.rows * a.delta_frac / 10)))
+    gone = np.setdiff1d(key_of(rng.choice(a.rows, int(a.rows * a.delta_frac / 20))), upd)
+    changed = np.concatenate([upd, new])
+    parts = []
+    for s in range(a.shards):
+        k, g = changed[shard_of(changed, a.shards) == s], gone[shard_of(gone, a.shards) == s]
+        added = int(np.count_nonzero(shard_of(new, a.shards) == s))
+        vals = (rng.standard_normal((k.size, a.dim)) * 0.05).astype(np.float32)
+        parts.append(DeltaTable("ctr", a.dim, table.rows(s) + added - g.size, k, vals, g))
+    t0 = time.perf_counter()
+    pending = prepare_delta(view, {"ctr": parts}, "2")
+    log(f"delta of {changed.size} rows and {gone.size} deletions prepared in "
+        f"{time.perf_counter() - t0:.2f} s")  # fmt: skip
+    models = []
+    for v in (view, pending.view):
+        torch.manual_seed(0)  # the same dense weights
+        m = CtrRanker(FEATURES, GROUPS, a.dim, HIDDEN, store=TableStore(v))
+        _swap_embeddings(m, v)
+        models.append(m.eval())
+    without, with_overlay = models
+    merged = pending.view.tables["ctr"]
+
+    def through_take(x: torch.Tensor) -> torch.Tensor:  # the overlays on take's path
+        buf, pos = merged.take(ids_to_numpy(x).reshape(-1))
+        pooled = F.embedding_bag(
+            torch.from_numpy(pos).view(-1, FEATURES // GROUPS), torch.from_numpy(buf), mode="sum"
+        )
+        return with_overlay.mlp(pooled.reshape(x.shape[0], GROUPS * a.dim)).squeeze(1)
+
+    arms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "no-overlay": without,
+        "overlay-compiled": with_overlay,
+        "overlay-take": through_take,
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    bodies = [ctr_body(a.rows, rng, shared=a.shared) for _ in range(a.bodies)]
+    load0 = os.getloadavg()[0]
+    with torch.inference_mode():
+        for it in range(a.iters + 3):
+            ids = codec.decode_arrays(bodies[it % len(bodies)])[0].view(np.int64)
+            x = torch.from_numpy(ids.copy())
+            names = list(arms)
+            got = {}
+            for k in names[it % 3 :] + names[: it % 3]:  # rotating: every arm sees the load
+                t = time.perf_counter()
+                got[k] = arms[k](x)
+                if it >= 3:  # the first calls compile and fault pages in
+                    times[k].append((time.perf_counter() - t) * 1e3)
+            if not torch.equal(got["overlay-compiled"], got["overlay-take"]):
+                raise AssertionError("the two overlay paths scored differently")
+    p50 = {k: float(np.percentile(v, 50)) for k, v in times.items()}
+    rows: list[dict[str, Any]] = [
+        {
+            "name": f"ctr-overlay-forward-{k}",
+            "p50_ms": round(p50[k], 3),
+            "p99_ms": round(float(np.percentile(v, 99)), 3),
+        }
+        for k, v in times.items()
+    ]
+    rows.append(
+        {
+            "name": "ctr-overlay-ab",
+            "compiled_over_no_overlay_p50": round(p50["overlay-compiled"] / p50["no-overlay"], 3),
+            "take_over_no_overlay_p50": round(p50["overlay-take"] / p50["no-overlay"], 3),
+            "delta_rows": int(changed.size),
+            "deleted": int(gone.size),
+            "rows": a.rows,
+            "iters": a.iters,
+            "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        }
+    )
+    emit_rows(rows, a.json)
+    return 0
+
+
 @contextlib.contextmanager
 def kernels_off() -> Iterator[None]:
     """The numpy path of the table and the shard split inside the block (same process, for
@@ -1443,6 +1571,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="distinct requests the load cycles through (one keeps its rows in the CPU caches)",
     )
     p.add_argument("--ctr-swap-rate", type=float, default=0.0, help="rate while applying (0: auto)")
+    p.add_argument(
+        "--ctr-swaps", type=int, default=3, help="deltas applied under load (windows pooled)"
+    )
     p.add_argument("--fresh-plants", type=int, default=3)
     p.add_argument("--fresh-publish-s", type=float, default=2.0)
     p.add_argument(
@@ -1456,6 +1587,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.ctr_threads < 1:
         raise SystemExit(f"--ctr-threads: {args.ctr_threads} is invalid; give 1 or more")
+    if args.ctr_swaps < 1:
+        raise SystemExit(f"--ctr-swaps: {args.ctr_swaps} is invalid; give 1 or more deltas")
     if args.ctr_bodies < 1:
         raise SystemExit(f"--ctr-bodies: {args.ctr_bodies} is invalid; give 1 or more requests")
     work = Path(tempfile.mkdtemp(prefix="coadapt-ctr-bench-"))
@@ -1487,6 +1620,8 @@ def main(argv: list[str] | None = None) -> int:
         return stages_main(argv[1:])
     if argv[:1] == ["_probe"]:
         return probe_main(argv[1:])
+    if argv[:1] == ["_overlay"]:
+        return overlay_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(p)
     p.add_argument("--json", type=Path, help="write the rows here")
