@@ -160,9 +160,8 @@ class Overlay:
         order = np.argsort(keys, kind="stable")
         self.keys = np.ascontiguousarray(keys[order])
         self._rows = np.ascontiguousarray(rows[order])
-        self.width = np.uint64(
-            max(4, int(self.keys.size * FILTER_BITS_PER_KEY // 64 - 1).bit_length())
-        )
+        words = int(self.keys.size * FILTER_BITS_PER_KEY // 64 - 1).bit_length()
+        self.width = np.uint64(min(max(4, words), 52))  # the bits' shifts need width <= 52
         self.words = np.zeros(1 << int(self.width), np.uint64)
         word, need = self._hash(self.keys)
         np.bitwise_or.at(self.words, word, need)
