@@ -199,7 +199,8 @@ def test_local_store_threads_give_identical_rows(monkeypatch: pytest.MonkeyPatch
     import coadapt.sparse.client as client_mod
 
     monkeypatch.setattr(client_mod, "_SPLIT_MIN_IDS", 0)  # split even these small calls
-    specs = [TableSpec(f"t{i}", 8, "rowwise_adagrad", {"lr": 0.1}) for i in range(5)]
+    # small tables: comparing the default tables' whole row arenas took 22 s
+    specs = [TableSpec(f"t{i}", 8, "rowwise_adagrad", {"lr": 0.1}, max_rows=4096) for i in range(5)]
     one, two = LocalStore(specs, threads=1), LocalStore(specs, threads=2)
     rng = np.random.default_rng(5)
     for _ in range(4):
