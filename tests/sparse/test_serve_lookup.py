@@ -141,12 +141,11 @@ def test_a_delta_in_its_overlay_is_summed_by_the_kernels_bit_for_bit() -> None:
 
     # a second delta over the first: rows of the extras updated and deleted, base rows
     # deleted, more rows added; read through back (shared positions) and signed IDs
-    view = pending.view
-    second = _delta(view, np.concatenate([new[:40], keys[200:260]]),
-                    np.arange(2 * 10**9, 2 * 10**9 + 64, dtype=np.uint64) * np.uint64(64),
-                    np.concatenate([new[250:270], keys[300:330]]))  # fmt: skip
+    added = np.arange(2 * 10**9, 2 * 10**9 + 64, dtype=np.uint64) * np.uint64(64)
+    gone = np.concatenate([new[250:270], keys[300:330]])
+    second = _delta(pending.view, np.concatenate([new[:40], keys[200:260]]), added, gone)
     t2 = second.view.tables["t"]
-    q2 = np.concatenate([q, np.arange(2 * 10**9, 2 * 10**9 + 64, dtype=np.uint64) * 64])
+    q2 = np.concatenate([q, added])
     back = np.random.default_rng(8).integers(0, q2.size, 60 * 40)
     want = _want(t2, q2, back, 40)
     assert _same(t2.pool_sum(q2.view(np.int64), back, 40), want)
@@ -154,8 +153,8 @@ def test_a_delta_in_its_overlay_is_summed_by_the_kernels_bit_for_bit() -> None:
         step()
     assert second.finish() == []
     assert _same(t2.pool_sum(q2, back, 40), want)
-    gone = np.concatenate([new[250:270], keys[300:330]])
-    assert not t2.pool_sum(gone, NO_BACK, 1).any()  # deleted: the zero embedding
+    deleted = t2.pool_sum(gone, NO_BACK, 1)
+    assert deleted is not None and not deleted.any()  # deleted: the zero embedding
 
 
 @pytest.mark.parametrize(
