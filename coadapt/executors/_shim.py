@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -112,6 +113,47 @@ def _outcome(code: int, cgroup: Path | None, conf: Confinement | None) -> dict[s
     return {"code": code, "reason": reason, "oom": oom}
 
 
+class _SignalWake:
+    """Wakes a blocking wait for a signal that landed just before the wait began.
+
+    A Python signal handler runs between bytecodes. A SIGTERM that arrives after the
+    interpreter's last check but before a blocking ``waitpid``/``recv`` enters the kernel
+    leaves that call blocked, so the handler (which forwards the stop to the replica) would
+    run only when the replica ends by itself. The C-level handler also writes a byte to this
+    pipe (``signal.set_wakeup_fd``), so a wait that selects on it returns at once, runs the
+    handler and waits again.
+    """
+
+    def __init__(self) -> None:
+        self._read, write = os.pipe()  # not inherited by the replica (PEP 446)
+        os.set_blocking(self._read, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+
+    def wait(self, fds: list[int], timeout_s: float) -> bool:
+        """Until one of ``fds`` is readable (True), a signal came, or ``timeout_s`` passed."""
+        ready, _, _ = select.select([self._read, *fds], [], [], timeout_s)
+        if self._read in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._read, 512):
+                    pass
+        return any(fd in ready for fd in fds)
+
+    def wait_child(self, child: subprocess.Popen[bytes]) -> int:
+        """``child.wait()``, with the signal handlers run as soon as a signal comes."""
+        try:
+            pidfd: int | None = os.pidfd_open(child.pid)
+        except (OSError, AttributeError):  # not Linux >= 5.3: look every 0.1 s instead
+            pidfd = None
+        try:
+            while (code := child.poll()) is None:
+                self.wait([pidfd] if pidfd is not None else [], 1.0 if pidfd is not None else 0.1)
+            return code
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+
 class _WarmUnavailable(Exception):
     """The zygote cannot take this replica (not there, or it died before spawning)."""
 
@@ -188,6 +230,7 @@ def _run_warm(
     sock: socket.socket,
     cmd: list[str],
     early: list[int],
+    wake: _SignalWake,
     conf: Confinement | None = None,
     cgroup: Path | None = None,
 ) -> int:
@@ -200,14 +243,18 @@ def _run_warm(
     """
     try:
         placement = _Placement(sock, conf, cgroup) if conf is not None else None
-        return _serve_warm(sock, cmd, early, placement)
+        return _serve_warm(sock, cmd, early, wake, placement)
     except _WarmUnavailable:
         sock.close()
         raise
 
 
 def _serve_warm(
-    sock: socket.socket, cmd: list[str], early: list[int], placement: _Placement | None
+    sock: socket.socket,
+    cmd: list[str],
+    early: list[int],
+    wake: _SignalWake,
+    placement: _Placement | None,
 ) -> int:
     pid: list[int] = []
     pending: list[int] = early  # signals that came while the zygote was being reached
@@ -235,6 +282,8 @@ def _serve_warm(
     except OSError as exc:
         raise _WarmUnavailable(f"zygote gone before spawn: {exc}") from exc
     while True:
+        if not wake.wait([sock.fileno()], 1.0):
+            continue
         data = sock.recv(MAX_MESSAGE)
         if not data:
             if not pid:
@@ -311,6 +360,7 @@ def main(argv: list[str]) -> int:
     # From here on a SIGTERM/SIGINT is kept for the replica, whichever way it starts: a stop
     # that lands before the child exists is delivered right after it starts.
     pending: list[int] = []
+    wake = _SignalWake()
 
     def keep(signum: int, frame: FrameType | None) -> None:
         pending.append(signum)
@@ -327,7 +377,7 @@ def main(argv: list[str]) -> int:
     if zygote is not None and len(cmd) >= 2:
         try:
             sock = _connect_zygote(zygote, ZYGOTE_WAIT_S)
-            code = _run_warm(sock, cmd, pending, conf, cgroup)
+            code = _run_warm(sock, cmd, pending, wake, conf, cgroup)
         except _WarmUnavailable as exc:  # nothing was started: start it cold instead
             print(f"coadapt: starting cold: {exc}", file=sys.stderr, flush=True)
         else:
@@ -368,7 +418,7 @@ def main(argv: list[str]) -> int:
     child = children[0]
     for signum in pending:
         child.send_signal(signum)
-    record = _outcome(child.wait(), cgroup, conf)
+    record = _outcome(wake.wait_child(child), cgroup, conf)
     if cgroup is not None:
         memlimit.release(cgroup)
     for path, ident in owned:

@@ -100,7 +100,9 @@ def done(ex: LocalExecutor, h: ReplicaHandle, timeout: float = 30) -> tuple[int 
         if st.done:
             return st.exit_code, st.reason
         time.sleep(0.02)
-    raise AssertionError("replica did not end")
+    logs = sorted((Path(h.run_dir).parent.parent / "logs").glob("*.log"))
+    tails = {p.name: p.read_text()[-2000:] for p in logs}
+    raise AssertionError(f"replica did not end in {timeout} s; logs: {tails}")
 
 
 def wait_ready(sock: str, timeout: float = 90) -> None:
