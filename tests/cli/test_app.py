@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -156,14 +157,19 @@ def test_ctrl_c_is_exit_130_without_a_traceback() -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     argv = [sys.executable, "-m", "coadapt.cli", "wait", "job-x", "--server", nobody]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COADAPT_TOKEN": "t"}
-    with subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) as proc:
+    # A shell's background job inherits SIGINT ignored (and Python then keeps it so, as
+    # `nohup` means); a terminal's Ctrl-C reaches a process with the default disposition.
+    default_sigint = partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    with subprocess.Popen(
+        argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    ) as proc:
         try:
             assert proc.stderr is not None
             first = proc.stderr.readline()  # the one "unreachable, retrying" notice
             assert "retrying" in first, first
             os.kill(proc.pid, signal.SIGINT)
-            rest = proc.stderr.read()
-            assert proc.wait(timeout=30) == 130
+            _, rest = proc.communicate(timeout=30)
+            assert proc.returncode == 130
         finally:
             if proc.poll() is None:
                 proc.kill()
