@@ -200,15 +200,28 @@ def test_a_killed_shard_gives_a_clear_503_and_is_restarted(ctx: Ctx) -> None:
 
 
 def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> None:
+    before = ctx.info().get("sparse")
     pid = ctx.shard_pids[0]
     os.kill(pid, signal.SIGSTOP)  # alive but silent: the slow-shard case
     try:
+        state = _proc_state(pid)
         status, headers, body = ctx.binary()
     finally:
         os.kill(pid, signal.SIGCONT)
-    # Seen once in a full parallel run (not reproduced alone or under load): 200 here. Say
-    # which version answered and what the shards were then, for whoever sees it next.
-    assert status == 503, (body[:200], headers, pid, ctx.info().get("sparse"))
+    if status != 503:
+        # Seen twice in full parallel runs (never alone or under load): a 200 in ~2 ms. Say
+        # everything (pytest shortens an assertion's message): whether the answer was the
+        # right one, the stopped process's state, and the shards before and after.
+        version = headers.get("x-coadapt-version", "")
+        right = (
+            status == 200
+            and version in ctx.expected
+            and np.array_equal(codec.decode_arrays(body)[0], ctx.expected[version])
+        )
+        print(f"status {status} version {version} right answer {right}; pid {pid} was in "
+              f"state {state!r}; shards before {before}; after {ctx.info().get('sparse')}; "
+              f"headers {headers}")  # fmt: skip
+    assert status == 503, body[:200]
     assert f"did not answer within {TIMEOUT_MS} ms" in json.loads(body)["error"]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and ctx.binary()[0] != 200:
@@ -216,6 +229,14 @@ def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> 
     status, headers, body = ctx.binary()
     assert status == 200
     assert np.array_equal(codec.decode_arrays(body)[0], ctx.expected[headers["x-coadapt-version"]])
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    return next((line for line in status.splitlines() if line.startswith("State:")), "?")
 
 
 def test_a_corrupt_delta_is_refused_by_a_shard_and_the_live_version_keeps_serving(
