@@ -75,11 +75,16 @@ def test_throughput_matrix_is_rounded() -> None:
     assert np.array_equal(tput, quantize(tput))
 
 
+# The first 40 jobs of pollux-6 (1.4 s a run instead of 20 s): without the rounding they too
+# gave different records under the two kernels (checked 2026-11-29 with `quantize` replaced
+# by the identity), so the shorter run still catches the drift.
 _RUN = """
-import hashlib
+import dataclasses, hashlib
 from coadapt.policies import make_policy
 from coadapt.sim import SimConfig, load_workload, parse_cluster, simulate
-res = simulate(load_workload("pollux-6"), parse_cluster("v100:4x4,p100:4x4,k80:8x4"),
+workload = load_workload("pollux-6")
+workload = dataclasses.replace(workload, jobs=workload.jobs[:40])
+res = simulate(workload, parse_cluster("v100:4x4,p100:4x4,k80:8x4"),
                make_policy("gavel"), SimConfig(seed=0))
 print(hashlib.sha256(repr([(j.name, j.completion_time, j.restarts) for j in res.jobs])
                      .encode()).hexdigest())
