@@ -62,6 +62,8 @@ PACKED_STATE_KEY = "packed"
 #: finish first (SRPT's gain) while a job without GPUs still gains most from its first ones
 #: (any p < 1 keeps that, so no job starves behind busier ones). Where no job declares a
 #: length there is no weight to act on, and p stays the paper's −1 (``p_undeclared``).
+#: ``srpt_q`` 0.8 (seventh stop): the jobs with over 50 GPU-h still to do are served nearly
+#: one after another, heSRPT's rank shares, instead of side by side.
 DEFAULT_LEVERS: dict[str, Any] = {
     "explore": 4.0,
     "first": 4,
@@ -71,6 +73,7 @@ DEFAULT_LEVERS: dict[str, Any] = {
     "p_undeclared": -1.0,
     "remaining_power": 1.25,
     "settle": 1.0,
+    "srpt_q": 0.8,
 }
 
 
@@ -883,6 +886,8 @@ class PolluxUnawarePolicy:
         phi_growth: float = 0.0,
         leap: bool = False,
         p_undeclared: float | None = None,
+        srpt_q: float = 0.0,
+        srpt_long: float = 180000.0,
     ) -> None:
         if admission not in ("fitness", "las"):
             raise ValueError(f"admission must be 'fitness' or 'las', got {admission!r}")
@@ -900,6 +905,8 @@ class PolluxUnawarePolicy:
             settle,
             phi_growth,
             leap,
+            srpt_q,
+            srpt_long,
         )
         self.fair_reference = fair_reference
         self.exhaustive_limit = exhaustive_limit

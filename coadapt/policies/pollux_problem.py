@@ -103,6 +103,14 @@ class Levers:
     drops by its re-allocation factor at any size, so a growth that pays only when large (a
     young job's low φ makes 4 → 8 GPUs worse than staying, 4 → 32 much better) is invisible to
     steps of at most a node.
+    ``srpt_q``/``srpt_long``: heSRPT among the long jobs. The jobs with more than ``srpt_long``
+    GPU-s of remaining work (from ``JobInfo.progress``, as above) are ranked largest first,
+    i = 1..n, and job i's weight is multiplied by ``(i^e − (i−1)^e) / ((n+1)^e − n^e)``,
+    e = 1/(1 − ``srpt_q``): heSRPT's shares for speedup k^q (Berg et al., SIGMETRICS'20),
+    scaled so the next rank, every job not long, is 1. With a high q the long jobs are served
+    nearly one after another, shortest first, rather than side by side; shorter jobs keep the
+    remaining-work weight alone (ranking them too put medium jobs behind dozens of tiny ones).
+    Jobs that declare no length are never long.
     """
 
     payback: float = 0.0
@@ -116,6 +124,8 @@ class Levers:
     settle: float = 0.0
     phi_growth: float = 0.0
     leap: bool = False
+    srpt_q: float = 0.0
+    srpt_long: float = 180000.0
 
     def growth_sizes(self, lo: int, near: int, far: int, per_node: int) -> list[int]:
         """Extra GPUs a growth step tries: every count in ``lo..near`` (up to a node's worth
@@ -148,8 +158,34 @@ class Levers:
         left = np.array([remaining_work(j, self.remaining_scale) for j in jobs])
         return np.asarray((1.0 + left / self.remaining_scale) ** -self.remaining_power)
 
+    def srpt_weights(self, jobs: list[JobInfo]) -> FloatArray | None:
+        if self.srpt_q <= 0 or not jobs:
+            return None
+        left = np.array([remaining_work(j, 0.0) for j in jobs])  # unknown: never long
+        long = np.flatnonzero(left > self.srpt_long)
+        if long.size == 0:
+            return None
+        e = 1.0 / (1.0 - min(self.srpt_q, 0.999))
+        order = long[np.argsort(-left[long], kind="stable")]  # largest first: rank 1
+        n = order.size
+        ranks = np.arange(1, n + 1, dtype=np.float64)
+        share = (ranks**e - (ranks - 1) ** e) / ((n + 1) ** e - n**e)
+        start = 0
+        while start < n:  # jobs with equal remaining work share their ranks' mean
+            end = start
+            while end + 1 < n and left[order[end + 1]] == left[order[start]]:
+                end += 1
+            share[start : end + 1] = share[start : end + 1].mean()
+            start = end + 1
+        w = np.ones(len(jobs))
+        w[order] = share
+        return w
+
     def weights(self, jobs: list[JobInfo]) -> FloatArray | None:
-        return combine_weights(self.service_weights(jobs), self.remaining_weights(jobs))
+        return combine_weights(
+            combine_weights(self.service_weights(jobs), self.remaining_weights(jobs)),
+            self.srpt_weights(jobs),
+        )
 
     def cap(self, max_gpus_held: int, max_replicas: int) -> int:
         if max_gpus_held <= 0:

@@ -50,8 +50,44 @@ def test_job_near_its_end_gets_the_gpus_when_they_are_scarce() -> None:
     got = {k: sum(a) for k, a in decision.allocations.items()}
     assert got.get("short", 0) > got.get("long", 0)
     # Without the lever (or without progress) they are alike and split evenly.
-    even = PolluxPolicy(remaining_power=0.0).optimize(snap, {}, RNG)
+    even = PolluxPolicy(remaining_power=0.0, srpt_q=0.0).optimize(snap, {}, RNG)
     assert sorted(sum(a) for a in even.allocations.values()) == [2, 2]
+
+
+def test_srpt_ranks_only_the_long_jobs_by_heSRPTs_shares() -> None:
+    """Long jobs (> ``srpt_long`` GPU-s left), largest first, get heSRPT's shares scaled so
+    the next rank is 1; shorter jobs and jobs of unknown length keep weight 1."""
+    levers = Levers(srpt_q=0.5, srpt_long=100.0)  # e = 2: shares 1, 3, 5 over the next, 7
+    jobs = [
+        toy_job("mid", attained_service=100.0, progress=0.25),  # 300 GPU-s left
+        toy_job("short", attained_service=50.0, progress=0.5),  # 50: not long
+        toy_job("big", attained_service=100.0, progress=0.1),  # 900
+        toy_job("unknown", attained_service=100.0),  # unknown: never long
+        toy_job("small", attained_service=100.0, progress=0.5),  # 100: not above the bar
+        toy_job("least", attained_service=100.0, progress=0.4),  # 150
+    ]
+    w = levers.srpt_weights(jobs)
+    assert w is not None
+    np.testing.assert_allclose(w, [3 / 7, 1.0, 1 / 7, 1.0, 1.0, 5 / 7])
+    # equal remaining work: equal weights (the mean of their ranks' shares)
+    twins = [toy_job(n, attained_service=100.0, progress=0.1) for n in "ab"]
+    np.testing.assert_allclose(levers.srpt_weights(twins), [2 / 5, 2 / 5])
+    # nothing long, or the lever off: no weight at all
+    assert levers.srpt_weights(jobs[1:2]) is None
+    assert Levers(srpt_q=0.0).srpt_weights(jobs) is None
+
+
+def test_srpt_serves_the_shorter_of_two_long_jobs_first() -> None:
+    """GPUs for one: of two long jobs alike but for their remaining work, the one with less
+    left gets more; the remaining-work weight alone barely tells them apart."""
+    nodes = (NodeInfo("n0", 4),)
+    jobs = {
+        "longer": toy_job("longer", attained_service=50 * 3600.0, progress=0.4),  # 75 GPU-h
+        "shorter": toy_job("shorter", attained_service=50 * 3600.0, progress=0.45),  # 61
+    }
+    snap = ClusterSnapshot(now=7200.0, nodes=nodes, jobs=jobs, current={})
+    got = {k: sum(a) for k, a in PolluxPolicy().optimize(snap, {}, RNG).allocations.items()}
+    assert got.get("shorter", 0) > got.get("longer", 0)
 
 
 def test_unknown_progress_everywhere_changes_nothing() -> None:
