@@ -170,15 +170,10 @@ class Levers:
         n = order.size
         ranks = np.arange(1, n + 1, dtype=np.float64)
         share = (ranks**e - (ranks - 1) ** e) / ((n + 1) ** e - n**e)
-        start = 0
-        while start < n:  # jobs with equal remaining work share their ranks' mean
-            end = start
-            while end + 1 < n and left[order[end + 1]] == left[order[start]]:
-                end += 1
-            share[start : end + 1] = share[start : end + 1].mean()
-            start = end + 1
+        # jobs with equal remaining work share their ranks' mean (groups follow the ranks)
+        _, group = np.unique(-left[order], return_inverse=True)
         w = np.ones(len(jobs))
-        w[order] = share
+        w[order] = (np.bincount(group, share) / np.bincount(group))[group]
         return w
 
     def weights(self, jobs: list[JobInfo]) -> FloatArray | None:

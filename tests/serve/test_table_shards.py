@@ -22,6 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from coadapt.executors._proc import proc_state  # noqa: E402
 from coadapt.serve import codec  # noqa: E402
 from coadapt.serve.__main__ import main as serve_main  # noqa: E402
 from coadapt.serve.artifacts import (  # noqa: E402
@@ -204,7 +205,7 @@ def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> 
     pid = ctx.shard_pids[0]
     os.kill(pid, signal.SIGSTOP)  # alive but silent: the slow-shard case
     try:
-        state = _proc_state(pid)
+        state = proc_state(pid)  # T: stopped
         status, headers, body = ctx.binary()
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -229,14 +230,6 @@ def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> 
     status, headers, body = ctx.binary()
     assert status == 200
     assert np.array_equal(codec.decode_arrays(body)[0], ctx.expected[headers["x-coadapt-version"]])
-
-
-def _proc_state(pid: int) -> str:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError as exc:
-        return f"unreadable: {exc}"
-    return next((line for line in status.splitlines() if line.startswith("State:")), "?")
 
 
 def test_a_corrupt_delta_is_refused_by_a_shard_and_the_live_version_keeps_serving(
