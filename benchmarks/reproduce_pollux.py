@@ -8,6 +8,7 @@ Pollux).
 
     python benchmarks/reproduce_pollux.py --json out/reproduce_pollux.json
     python benchmarks/reproduce_pollux.py --policies tiresias --workloads 6
+    python benchmarks/reproduce_pollux.py --load 1.5     # held out: 240 jobs per workload
 
 Targets: tiresias and optimus within ±5% of the authors per workload (they are deterministic:
 exact is expected); pollux-unaware (the authors' objective) within ±15% of the authors' 0.764 h
@@ -15,6 +16,11 @@ over the 8 workloads; both pollux variants at least 30% below both baselines. Th
 ``pollux`` (issue 18): average JCT at most 0.85x the authors' and restarts per job at most half
 of ``pollux-unaware``'s (the artifact's summaries record no restarts; pollux-unaware, which
 reproduces the authors' JCT, stands in for them).
+
+``--load`` runs the artifact's other relative job loads (0.5x, 1.5x, 2.0x: 80, 240, 320 jobs
+per workload) against the authors' results at that load. The default's levers were chosen at
+1.0x only, so these are held-out checks: the reproduction tolerances apply at every load, the
+default's targets (and the 30% margin over the baselines) only at 1.0x, where the issue set them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from rich.table import Table
 
 from coadapt.policies import make_policy
 from coadapt.sim import SimConfig, load_workload, parse_cluster, simulate, summarise
+from coadapt.sim.workload import JOB_LOADS, bundled_name
 
 POLICIES = ("pollux", "pollux-unaware", "tiresias", "optimus")
 WORKLOADS = tuple(range(1, 9))
@@ -62,16 +69,16 @@ class Run:
     jcts: dict[str, float]
 
 
-def reference(policy: str) -> dict[str, Any]:
-    """The authors' summary for ``policy`` at 1.0x load."""
+def reference(policy: str, load: str = "1.0") -> dict[str, Any]:
+    """The authors' summary for ``policy`` at relative job ``load``."""
     ref = resources.files("coadapt.sim").joinpath("data").joinpath("reference")
-    data: dict[str, Any] = json.loads(ref.joinpath(f"{policy}-1.0.json").read_text("utf-8"))
+    data: dict[str, Any] = json.loads(ref.joinpath(f"{policy}-{load}.json").read_text("utf-8"))
     return data
 
 
-def run_one(task: tuple[str, int, int]) -> Run:
-    policy, index, seed = task
-    workload = load_workload(f"pollux-{index}")
+def run_one(task: tuple[str, int, int, str]) -> Run:
+    policy, index, seed, load = task
+    workload = load_workload(bundled_name(index, load))
     started = time.perf_counter()
     result = simulate(workload, parse_cluster("16x4"), make_policy(policy), SimConfig(seed=seed))
     wall = time.perf_counter() - started
@@ -96,10 +103,14 @@ def main() -> int:
     )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--load", default="1.0", choices=JOB_LOADS, help="relative job load (default 1.0)"
+    )
     parser.add_argument("--json", type=Path, metavar="OUT")
     args = parser.parse_args()
+    targeted = args.load == "1.0"  # the default's targets were set (and its levers chosen) here
 
-    tasks = [(p, w, args.seed) for p in args.policies for w in args.workloads]
+    tasks = [(p, w, args.seed, args.load) for p in args.policies for w in args.workloads]
     started = time.perf_counter()
     runs: list[Run] = []
     with (
@@ -117,12 +128,15 @@ def main() -> int:
     total_wall = time.perf_counter() - started
 
     console = Console()
-    table = Table(title="Average JCT (hours): coadapt.sim vs the authors' simulator, 16x4")
+    table = Table(
+        title=f"Average JCT (hours): coadapt.sim vs the authors' simulator, 16x4, "
+        f"{args.load}x job load"
+    )
     for col in ("workload", "policy", "coadapt", "authors", "deviation", "restarts/job", "wall s"):
         table.add_column(col, justify="left" if col in ("workload", "policy") else "right")
-    refs = {p: reference(AUTHORS[p]) for p in args.policies}
+    refs = {p: reference(AUTHORS[p], args.load) for p in args.policies}
     by_key = {(r.policy, r.workload): r for r in runs}
-    report: dict[str, Any] = {"policies": {}, "total_wall_s": total_wall}
+    report: dict[str, Any] = {"load": args.load, "policies": {}, "total_wall_s": total_wall}
     for w in args.workloads:
         for p in args.policies:
             r = by_key[p, w]
@@ -183,27 +197,29 @@ def main() -> int:
         )
     console.print(table)
     pol = report["policies"]
+    # Held-out loads print the same figures, marked, and leave them out of the verdict.
+    mark = "target" if targeted else "held out, no target; at 1.0x"
     for mine in ("pollux", "pollux-unaware"):
         for base in ("tiresias", "optimus"):
             if mine in pol and base in pol:
                 gain = 1 - pol[mine]["avg_jct_s"] / pol[base]["avg_jct_s"]
                 report[f"{mine}_vs_{base}"] = gain
-                ok &= gain >= 0.30
-                console.print(f"{mine} avg JCT is {gain:.1%} below {base} (target >= 30%)")
+                ok &= gain >= 0.30 or not targeted
+                console.print(f"{mine} avg JCT is {gain:.1%} below {base} ({mark} >= 30%)")
     if "pollux" in pol:
         jct_ratio = pol["pollux"]["avg_jct_s"] / pol["pollux"]["authors_avg_jct_s"]
         report["pollux_jct_vs_authors"] = jct_ratio
-        ok &= jct_ratio <= POLLUX_JCT_RATIO
+        ok &= jct_ratio <= POLLUX_JCT_RATIO or not targeted
         console.print(
-            f"pollux avg JCT is {jct_ratio:.3f}x the authors' (target <= {POLLUX_JCT_RATIO}x)"
+            f"pollux avg JCT is {jct_ratio:.3f}x the authors' ({mark} <= {POLLUX_JCT_RATIO}x)"
         )
         if "pollux-unaware" in pol:
             ratio = pol["pollux"]["restarts_per_job"] / pol["pollux-unaware"]["restarts_per_job"]
             report["pollux_restarts_vs_unaware"] = ratio
-            ok &= ratio <= POLLUX_RESTART_RATIO
+            ok &= ratio <= POLLUX_RESTART_RATIO or not targeted
             console.print(
                 f"pollux restarts/job are {ratio:.2f}x pollux-unaware's "
-                f"(target <= {POLLUX_RESTART_RATIO}x)"
+                f"({mark} <= {POLLUX_RESTART_RATIO}x)"
             )
     report["targets_met"] = ok
     console.print(f"targets met: {ok}; total wall {total_wall:.0f} s")

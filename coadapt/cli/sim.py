@@ -20,7 +20,7 @@ from coadapt.sim.cluster import parse_cluster
 from coadapt.sim.engine import SimConfig, simulate
 from coadapt.sim.errors import SimInputError, SimulationError
 from coadapt.sim.metrics import PolicySummary, summarise
-from coadapt.sim.workload import BUNDLED_WORKLOADS, load_workload
+from coadapt.sim.workload import BUNDLED_HELP, load_workload
 
 app = typer.Typer(add_completion=False)
 
@@ -29,7 +29,7 @@ app = typer.Typer(add_completion=False)
     "simulate",
     help="Trace-driven simulation of a GPU cluster (Pollux OSDI'21 traces): replay a workload "
     "under one or more policies and compare their job completion times. "
-    f"Bundled workloads: {', '.join(BUNDLED_WORKLOADS)}.",
+    f"Bundled workloads: {BUNDLED_HELP}.",
 )
 def simulate_command(
     workload: Annotated[

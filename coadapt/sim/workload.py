@@ -20,8 +20,25 @@ from coadapt.sim.errors import SimInputError
 
 COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
-#: Workloads shipped with the package: the artifact's eight 160-job traces at 1.0x load.
-BUNDLED_WORKLOADS: dict[str, str] = {f"pollux-{i}": f"workload-{i}.csv" for i in range(1, 9)}
+#: The artifact's relative job loads (OSDI'21 Fig. 8a): 80, 160, 240 and 320 jobs per trace.
+JOB_LOADS = ("0.5", "1.0", "1.5", "2.0")
+
+
+def bundled_name(index: int, load: str = "1.0") -> str:
+    """``pollux-3`` at the 1.0x load the paper's tables use, ``pollux-3@1.5`` at another."""
+    return f"pollux-{index}" if load == "1.0" else f"pollux-{index}@{load}"
+
+
+#: Workloads shipped with the package: the artifact's eight traces at each job load.
+BUNDLED_WORKLOADS: dict[str, str] = {
+    bundled_name(i, load): (
+        f"workload-{i}.csv" if load == "1.0" else f"load-{load}/workload-{i}.csv"
+    )
+    for load in JOB_LOADS
+    for i in range(1, 9)
+}
+#: How the bundled names read, for help texts and errors.
+BUNDLED_HELP = "pollux-1 .. pollux-8 (1.0x job load), pollux-N@0.5, pollux-N@1.5, pollux-N@2.0"
 
 
 @dataclass(frozen=True)
@@ -119,16 +136,19 @@ def parse_workload(text: str, source: str, name: str | None = None) -> Workload:
 
 
 def load_workload(spec: str) -> Workload:
-    """A bundled workload by name (``pollux-1`` .. ``pollux-8``) or a CSV file by path."""
+    """A bundled workload by name (``pollux-1`` .. ``pollux-8`` at 1.0x load, ``pollux-1@0.5``
+    .. ``pollux-8@2.0`` at the others) or a CSV file by path."""
     if spec in BUNDLED_WORKLOADS:
         ref = resources.files("coadapt.sim").joinpath("data").joinpath("workloads")
-        text = ref.joinpath(BUNDLED_WORKLOADS[spec]).read_text(encoding="utf-8")
+        for part in BUNDLED_WORKLOADS[spec].split("/"):
+            ref = ref.joinpath(part)
+        text = ref.read_text(encoding="utf-8")
         return parse_workload(text, BUNDLED_WORKLOADS[spec], name=spec)
     path = Path(spec)
     if not path.is_file():
         raise SimInputError(
-            f"{spec}: no such workload; accepted: a CSV file path or one of "
-            f"{', '.join(BUNDLED_WORKLOADS)}"
+            f"{spec}: no such workload; accepted: a CSV file path or a bundled name "
+            f"({BUNDLED_HELP})"
         )
     try:
         text = path.read_text(encoding="utf-8")

@@ -14,7 +14,8 @@ HEADER = "name,time,application,num_replicas,batch_size\n"
 
 
 def test_bundled_workloads_load() -> None:
-    assert list(BUNDLED_WORKLOADS) == [f"pollux-{i}" for i in range(1, 9)]
+    assert list(BUNDLED_WORKLOADS)[8:16] == [f"pollux-{i}" for i in range(1, 9)]
+    assert len(BUNDLED_WORKLOADS) == 32
     wl = load_workload("pollux-6")
     assert wl.name == "pollux-6" and len(wl.jobs) == 160
     apps = [j.application for j in wl.jobs]
@@ -26,6 +27,15 @@ def test_bundled_workloads_load() -> None:
         6,
         2048,
     )
+
+
+@pytest.mark.parametrize(("load", "jobs"), [("0.5", 80), ("1.5", 240), ("2.0", 320)])
+def test_the_artifacts_other_job_loads_are_bundled(load: str, jobs: int) -> None:
+    for i in range(1, 9):
+        wl = load_workload(f"pollux-{i}@{load}")
+        assert wl.name == f"pollux-{i}@{load}" and len(wl.jobs) == jobs
+    with pytest.raises(SimInputError, match=r"pollux-N@1\.5"):
+        load_workload("pollux-9@1.5")
 
 
 def test_custom_file_loads(small_workload_path: Path) -> None:
