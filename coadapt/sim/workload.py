@@ -29,12 +29,12 @@ def bundled_name(index: int, load: str = "1.0") -> str:
     return f"pollux-{index}" if load == "1.0" else f"pollux-{index}@{load}"
 
 
-#: Workloads shipped with the package: the artifact's eight traces at each job load.
+#: Workloads shipped with the package: the artifact's eight traces at each job load, 1.0x first.
 BUNDLED_WORKLOADS: dict[str, str] = {
     bundled_name(i, load): (
         f"workload-{i}.csv" if load == "1.0" else f"load-{load}/workload-{i}.csv"
     )
-    for load in JOB_LOADS
+    for load in sorted(JOB_LOADS, key=lambda load: load != "1.0")
     for i in range(1, 9)
 }
 #: How the bundled names read, for help texts and errors.

@@ -14,7 +14,7 @@ HEADER = "name,time,application,num_replicas,batch_size\n"
 
 
 def test_bundled_workloads_load() -> None:
-    assert list(BUNDLED_WORKLOADS)[8:16] == [f"pollux-{i}" for i in range(1, 9)]
+    assert list(BUNDLED_WORKLOADS)[:8] == [f"pollux-{i}" for i in range(1, 9)]
     assert len(BUNDLED_WORKLOADS) == 32
     wl = load_workload("pollux-6")
     assert wl.name == "pollux-6" and len(wl.jobs) == 160
