@@ -200,11 +200,28 @@ def test_a_killed_shard_gives_a_clear_503_and_is_restarted(ctx: Ctx) -> None:
         ctx.wait_on(ctx.publish(incremental=True))
 
 
+def _thread_states(pid: int) -> dict[int, str | None]:
+    """The state letter of each thread of ``pid`` (empty when it does not exist)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return {}
+    return {tid: proc_state(tid) for tid in tids}
+
+
 def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> None:
     before = ctx.info().get("sparse")
     pid = ctx.shard_pids[0]
     os.kill(pid, signal.SIGSTOP)  # alive but silent: the slow-shard case
     try:
+        # A group stop reaches each thread when it next leaves the kernel: wait until every
+        # thread of the shard is stopped, so the request cannot race the signal.
+        threads = _thread_states(pid)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and set(threads.values()) - {"T", "t"}:
+            time.sleep(0.01)
+            threads = _thread_states(pid)
+        assert threads and not set(threads.values()) - {"T", "t"}, f"not stopped: {threads}"
         state = proc_state(pid)  # T: stopped
         status, headers, body = ctx.binary()
     finally:
