@@ -71,9 +71,12 @@ def cpu_flags() -> set[str]:
 
 def numpy_groups() -> set[str]:
     """numpy's dispatch groups this CPU runs (only those may be disabled)."""
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-
-    return {g for g in __cpu_dispatch__ if __cpu_features__.get(g, False)}
+    try:
+        from numpy._core import _multiarray_umath as umath  # numpy >= 2
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]
+    features: dict[str, bool] = umath.__cpu_features__
+    return {g for g in umath.__cpu_dispatch__ if features.get(g, False)}
 
 
 def runnable(
