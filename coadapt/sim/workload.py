@@ -24,7 +24,7 @@ COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 JOB_LOADS = ("0.5", "1.0", "1.5", "2.0")
 
 
-def bundled_name(index: int, load: str = "1.0") -> str:
+def bundled_name(index: int | str, load: str = "1.0") -> str:
     """``pollux-3`` at the 1.0x load the paper's tables use, ``pollux-3@1.5`` at another."""
     return f"pollux-{index}" if load == "1.0" else f"pollux-{index}@{load}"
 
@@ -38,7 +38,9 @@ BUNDLED_WORKLOADS: dict[str, str] = {
     for i in range(1, 9)
 }
 #: How the bundled names read, for help texts and errors.
-BUNDLED_HELP = "pollux-1 .. pollux-8 (1.0x job load), pollux-N@0.5, pollux-N@1.5, pollux-N@2.0"
+BUNDLED_HELP = "pollux-1 .. pollux-8 (1.0x job load), " + ", ".join(
+    bundled_name("N", load) for load in JOB_LOADS if load != "1.0"
+)
 
 
 @dataclass(frozen=True)
