@@ -27,6 +27,21 @@ def env() -> dict[str, str]:
     return out
 
 
+def launch_command(replicas: int, script: Path, args: Sequence[str], ckpt: Path) -> list[str]:
+    """``python -m coadapt.train.launch -n replicas ... script args``."""
+    return [
+        sys.executable,
+        "-m",
+        "coadapt.train.launch",
+        "-n",
+        str(replicas),
+        "--checkpoint-dir",
+        str(ckpt),
+        str(script),
+        *args,
+    ]
+
+
 def run_local(
     replicas: int,
     script: Path,
@@ -41,18 +56,7 @@ def run_local(
     """
     if ckpt is None:  # a fresh directory: no stale checkpoint, metrics not in the cwd
         ckpt = Path(tempfile.mkdtemp(prefix="coadapt-bench-"))
-    cmd = [
-        *launcher,
-        sys.executable,
-        "-m",
-        "coadapt.train.launch",
-        "-n",
-        str(replicas),
-        "--checkpoint-dir",
-        str(ckpt),
-        str(script),
-        *args,
-    ]
+    cmd = [*launcher, *launch_command(replicas, script, args, ckpt)]
     proc = subprocess.run(
         cmd,
         cwd=ROOT,
@@ -84,6 +88,19 @@ def bootstrap_ratio_ci(
     ratios = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return float(np.median(a) / np.median(b)), float(lo), float(hi)
+
+
+def bootstrap_median_ci(
+    values: Sequence[float], seed: int = 0, rounds: int = 10_000
+) -> tuple[float, float, float]:
+    """(median, 2.5%, 97.5%) of the median of ``values``, resampling them (>= 2 values)."""
+    a = np.asarray(values, dtype=float)
+    if a.size < 2:
+        raise ValueError(f"need >= 2 values for an interval, got {a.size}")
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, a.size, size=(rounds, a.size))], axis=1)
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return float(np.median(a)), float(lo), float(hi)
 
 
 def load_average() -> list[float]:

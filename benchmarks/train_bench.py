@@ -2,18 +2,25 @@
 
     python benchmarks/train_bench.py --json /tmp/train.json
 
-* overhead_1r / overhead_2r: median optimizer-step time of examples/digits_cnn.py (batch pinned
-  at 64, noise measurement on) over its plain-PyTorch DDP twin, 1 and 2 replicas, apples to
+* overhead_1r / overhead_2r: optimizer-step time of examples/digits_cnn.py (batch pinned at
+  64, noise measurement on) over its plain-PyTorch DDP twin, 1 and 2 replicas, apples to
   apples: both fetch sample by sample through TensorDataset + default_collate
-  (``--per-sample-fetch``). Runs are interleaved (plain, library, library batched) so drifting
-  machine load hits all alike; medians over ``--repeats``.
-* overhead_batched_1r / _2r: the same with the library's default batched fetch for tensor
-  datasets (one index per tensor instead of m __getitem__ calls): a library feature the plain
-  twin does not have, so it is reported separately.
-* overhead_cpu_*: the same ratios of per-step CPU time of the training thread (less sensitive to
-  other processes on a shared machine; with 2 replicas it leaves out the gloo threads).
-* overhead_*_ci_low / _ci_high: the 95% bootstrap interval of the median ratio, resampling the
-  interleaved (plain, library) pairs (``bench_common.bootstrap_ratio_ci``); ``--repeats`` >= 10.
+  (``--per-sample-fetch``). The two jobs run in lockstep (``benchmarks/lockstep.py``): started
+  together, they take turns on the machine in 0.3 s windows, and each window of one job is
+  paired with the next of the other, so load that drifts over seconds cancels. Per repeat the
+  median of its pairs' ratios; the figure is the median over ``--repeats`` (>= 10 for the
+  issue-19 goal) and overhead_*_ci_low / _ci_high its 95% bootstrap interval, resampling the
+  repeats; ``_pairs`` pools every window pair instead. (The same code against itself: 1.001,
+  interval 0.996-1.004 at one replica.)
+* overhead_cpu_*: the same ratio of per-step CPU time of the training thread (at 2 replicas it
+  leaves out the gloo threads).
+* overhead_runs_* (part ``overhead_runs``): the older method, whole 200-step runs of each job
+  interleaved one after the other, medians over the repeats. On a 2-core VM the machine's
+  speed moves between two runs by more than the few percent measured: its interval's upper
+  end read 1.07-1.13 with 10-20 repeats.
+* overhead_batched_1r / _2r (part ``overhead_runs``): the same with the library's default
+  batched fetch for tensor datasets (one index per tensor instead of m __getitem__ calls): a
+  library feature the plain twin does not have, so it is reported separately.
 * instructions_ratio_1r / _2r: instructions per optimizer step, library / plain, counted by
   callgrind on steady-state steps of both loops (``inproc_overhead.py --callgrind``; at 2
   replicas one valgrind per rank, all threads, summed over the ranks): does not depend on
@@ -52,8 +59,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: import the benchmarks package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_common import bootstrap_ratio_ci, load_average, run_local  # noqa: E402
+from benchmarks.bench_common import (  # noqa: E402
+    bootstrap_median_ci,
+    bootstrap_ratio_ci,
+    launch_command,
+    load_average,
+    run_local,
+)
 from benchmarks.bench_common import env as _env  # noqa: E402
+from benchmarks.lockstep import (  # noqa: E402
+    MIN_WINDOW_STEPS,
+    job_step_median,
+    lockstep_ratios,
+    read_timing,
+    run_lockstep,
+)
 
 LIB = ROOT / "examples" / "digits_cnn.py"
 PLAIN = ROOT / "examples" / "plain" / "digits_cnn.py"
@@ -66,29 +86,94 @@ VARIANTS = {  # name → (script, extra arguments)
     "library": (LIB, ["--fixed", "--per-sample-fetch"]),
     "library_batched": (LIB, ["--fixed"]),
 }
+#: Each job's turn in a lockstep overhead run: 40-100 steps of the 3-8 ms digits step.
+LOCKSTEP_WINDOW_S = 0.3
+#: Steps of each job in a lockstep repeat: ~15-25 window pairs once both are stepping.
+LOCKSTEP_STEPS = 2000
+
+
+def _variant_args(variant: str, steps: int, timing: Path) -> tuple[Path, list[str]]:
+    """The script and arguments of one overhead variant: batch pinned at 64, ``steps`` steps."""
+    script, extra = VARIANTS[variant]
+    args = ["--batch-size", "64", "--max-steps", str(steps), "--epochs", "1000"]
+    return script, [*args, "--timing-file", str(timing), *extra]
 
 
 def step_time(replicas: int, variant: str, tmp: Path, steps: int) -> tuple[float, float]:
     """(median wall, median CPU) seconds per optimizer step of one run."""
-    script, extra = VARIANTS[variant]
     out = tmp / f"timing-{variant}-{replicas}.json"
-    args = [
-        "--batch-size",
-        "64",
-        "--max-steps",
-        str(steps),
-        "--epochs",
-        "1000",
-        "--timing-file",
-        str(out),
-        *extra,
-    ]
+    script, args = _variant_args(variant, steps, out)
     run_local(replicas, script, args, ckpt=tmp / f"ck-{time.monotonic_ns()}")
     timing = json.loads(out.read_text())
     return (
         float(statistics.median(timing["step_times"])),
         float(statistics.median(timing["step_cpu_times"])),
     )
+
+
+def lockstep_overhead(
+    replicas: int,
+    tmp: Path,
+    steps: int,
+    repeats: int,
+    window_s: float = LOCKSTEP_WINDOW_S,
+    log: Callable[[str], None] | None = None,
+    variants: tuple[str, str] = ("plain", "library"),
+) -> dict[str, Any]:
+    """Library over plain twin (``variants``: denominator, numerator), the two jobs run in
+    lockstep (``benchmarks/lockstep.py``):
+    per repeat the median of its window pairs' ratios; over the repeats their median and a 95%
+    bootstrap interval (the repeat is the unit resampled: what differs between two starts of
+    the same job, such as memory layout, stays in the interval). Also the pairs pooled."""
+    per_repeat: dict[str, list[float]] = {"step_times": [], "step_cpu_times": []}
+    pooled: dict[str, list[float]] = {"step_times": [], "step_cpu_times": []}
+    step_s: dict[str, list[float]] = {v: [] for v in variants}
+    step_cpu_s: dict[str, list[float]] = {v: [] for v in variants}
+    for i in range(repeats):
+        order = (0, 1) if i % 2 == 0 else (1, 0)  # which job starts first alternates
+        cmds, timings, logs = [], [], []
+        for j in order:
+            name = variants[j]
+            timing = tmp / f"lockstep-{j}-{name}-{replicas}-{i}.json"
+            script, args = _variant_args(name, steps, timing)
+            ckpt = tmp / f"ck-lockstep-{time.monotonic_ns()}"
+            cmds.append(launch_command(replicas, script, args, ckpt))
+            timings.append(timing)
+            logs.append(tmp / f"lockstep-{j}-{name}-{replicas}-{i}.log")
+        windows = run_lockstep(cmds, window_s, cwd=ROOT, env=_env(), logs=logs)
+        num = order.index(1)
+        docs = [read_timing(t) for t in timings]
+        got = lockstep_ratios(windows, docs, num, 1 - num)
+        for pos, j in enumerate(order):
+            for key, into in (("step_times", step_s), ("step_cpu_times", step_cpu_s)):
+                med = job_step_median(windows, docs[pos], pos, key)
+                if med is not None:
+                    into[variants[j]].append(med)
+        for key, ratios in got.items():
+            if not ratios:
+                raise RuntimeError(f"repeat {i}: no window pair held {MIN_WINDOW_STEPS} steps")
+            per_repeat[key].append(statistics.median(ratios))
+            pooled[key].extend(ratios)
+        if log is not None:
+            log(
+                f"  repeat {i + 1}/{repeats}: {len(got['step_times'])} window pairs, "
+                f"{variants[1]}/{variants[0]} {per_repeat['step_times'][-1]:.3f} wall, "
+                f"{per_repeat['step_cpu_times'][-1]:.3f} CPU"
+            )
+    res: dict[str, Any] = {
+        "window_s": window_s,
+        "pairs": len(pooled["step_times"]),
+        "step_ms": {v: statistics.median(x) * 1e3 for v, x in step_s.items() if x},
+        "step_cpu_ms": {v: statistics.median(x) * 1e3 for v, x in step_cpu_s.items() if x},
+    }
+    for key, name in (("step_times", "ratio"), ("step_cpu_times", "cpu_ratio")):
+        med, lo, hi = bootstrap_median_ci(per_repeat[key])
+        pmed, plo, phi = bootstrap_median_ci(pooled[key])
+        res.update({
+            name: med, f"{name}_ci": [lo, hi], f"{name}_per_repeat": per_repeat[key],
+            f"{name}_pairs": pmed, f"{name}_pairs_ci": [plo, phi],
+        })  # fmt: skip
+    return res
 
 
 def overhead(
@@ -179,28 +264,43 @@ def instructions_ratio(steps: int = 20, replicas: int = 1) -> dict[str, float]:
 
 
 def robust_overhead(
-    repeats: int, log: Callable[[str], None], steps: int = 200, callgrind: bool = True
+    repeats: int,
+    log: Callable[[str], None],
+    steps: int = LOCKSTEP_STEPS,
+    callgrind: bool = True,
 ) -> dict[str, Any]:
-    """The issue-19 overhead summary: plain vs library twin, >= 10 interleaved repeats at 1 and
-    2 replicas, median ratio and its 95% bootstrap interval, CPU ratio, instructions ratio."""
+    """The issue-19 overhead summary: plain vs library twin at 1 and 2 replicas, >= 10 repeats
+    of the two jobs in lockstep (:func:`lockstep_overhead`): the median ratio and its 95%
+    bootstrap interval, the CPU ratio, and the instructions ratio."""
     if repeats < 2:
         raise ValueError(f"need >= 2 repeats for an interval, got {repeats}")
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="coadapt-overhead-") as d:
         for k in (1, 2):
-            log(f"overhead at {k} replica(s): {repeats} interleaved (plain, library) pairs")
-            ov = overhead(k, Path(d), steps, repeats, ("plain", "library"))
-            res[f"overhead_{k}r"] = ov["ratio"]
-            res[f"overhead_{k}r_ci_low"], res[f"overhead_{k}r_ci_high"] = ov["ratio_ci"]
-            res[f"overhead_cpu_{k}r"] = ov["cpu_ratio"]
-            res[f"overhead_cpu_{k}r_ci"] = ov["cpu_ratio_ci"]
-            res[f"step_ms_{k}r"] = ov["step_ms"]
-            res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
+            log(f"overhead at {k} replica(s): {repeats} repeats of plain and library in lockstep")
+            res.update(_overhead_keys(k, lockstep_overhead(k, Path(d), steps, repeats, log=log)))
     if callgrind:
         log("instructions per step under callgrind (plain, then library)")
         res.update(instructions_ratio())
     res["overhead_load"] = load_average()
     return res
+
+
+def _overhead_keys(k: int, ov: dict[str, Any]) -> dict[str, Any]:
+    """:func:`lockstep_overhead`'s figures under the summary's names for ``k`` replicas."""
+    return {
+        f"overhead_{k}r": ov["ratio"],
+        f"overhead_{k}r_ci_low": ov["ratio_ci"][0],
+        f"overhead_{k}r_ci_high": ov["ratio_ci"][1],
+        f"overhead_{k}r_per_repeat": ov["ratio_per_repeat"],
+        f"overhead_{k}r_pairs": ov["ratio_pairs"],
+        f"overhead_{k}r_pairs_ci": ov["ratio_pairs_ci"],
+        f"overhead_{k}r_window_pairs": ov["pairs"],
+        f"overhead_cpu_{k}r": ov["cpu_ratio"],
+        f"overhead_cpu_{k}r_ci": ov["cpu_ratio_ci"],
+        f"step_ms_{k}r": ov["step_ms"],
+        f"step_cpu_ms_{k}r": ov["step_cpu_ms"],
+    }
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -470,13 +570,25 @@ def inproc_overhead(tmp: Path) -> dict[str, float]:
     return dict(json.loads(out.read_text()))
 
 
-PARTS = ("overhead", "instructions", "inproc", "rescale", "rescale_executor", "pgns", "tta")
+PARTS = (
+    "overhead",
+    "overhead_runs",
+    "instructions",
+    "inproc",
+    "rescale",
+    "rescale_executor",
+    "pgns",
+    "tta",
+)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--json", default=None, help="write results here")
-    p.add_argument("--steps", type=int, default=200, help="steps per overhead run")
+    p.add_argument("--steps", type=int, default=200, help="steps per overhead_runs run")
+    p.add_argument(
+        "--lockstep-steps", type=int, default=LOCKSTEP_STEPS, help="steps per lockstep job"
+    )
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--target-accuracy", type=float, default=0.97)
     p.add_argument(
@@ -493,15 +605,19 @@ def main() -> int:
         tmp = Path(d)
         if "overhead" in parts:
             for k in (1, 2):
-                log(f"overhead at {k} replica(s): {args.repeats} interleaved repeats")
+                log(f"overhead at {k} replica(s): {args.repeats} repeats in lockstep")
+                ov = lockstep_overhead(k, tmp, args.lockstep_steps, args.repeats, log=log)
+                res.update(_overhead_keys(k, ov))
+        if "overhead_runs" in parts:
+            for k in (1, 2):
+                log(f"overhead at {k} replica(s): {args.repeats} interleaved whole runs")
                 ov = overhead(k, tmp, args.steps, args.repeats)
-                res[f"overhead_{k}r"] = ov["ratio"]
-                res[f"overhead_{k}r_ci_low"], res[f"overhead_{k}r_ci_high"] = ov["ratio_ci"]
+                res[f"overhead_runs_{k}r"] = ov["ratio"]
+                res[f"overhead_runs_{k}r_ci"] = ov["ratio_ci"]
                 res[f"overhead_batched_{k}r"] = ov["ratio_batched"]
-                res[f"overhead_cpu_{k}r"] = ov["cpu_ratio"]
+                res[f"overhead_runs_cpu_{k}r"] = ov["cpu_ratio"]
                 res[f"overhead_cpu_batched_{k}r"] = ov["cpu_ratio_batched"]
-                res[f"step_ms_{k}r"] = ov["step_ms"]
-                res[f"step_cpu_ms_{k}r"] = ov["step_cpu_ms"]
+                res[f"step_ms_runs_{k}r"] = ov["step_ms"]
         if "instructions" in parts:
             log("instructions per step under callgrind, 1 then 2 replicas")
             res.update(instructions_ratio())
@@ -545,10 +661,14 @@ def main() -> int:
         "overhead_2r_ci_high",
         "instructions_ratio_1r",
         "instructions_ratio_2r",
+        "overhead_runs_1r",
+        "overhead_runs_2r",
         "overhead_batched_1r",
         "overhead_batched_2r",
         "overhead_cpu_1r",
         "overhead_cpu_2r",
+        "overhead_runs_cpu_1r",
+        "overhead_runs_cpu_2r",
         "overhead_cpu_batched_1r",
         "overhead_cpu_batched_2r",
         "overhead_inproc_1r",
@@ -571,6 +691,8 @@ def main() -> int:
         "step_ms_2r",
         "step_cpu_ms_1r",
         "step_cpu_ms_2r",
+        "step_ms_runs_1r",
+        "step_ms_runs_2r",
         "pgns_rel_err_by_estimator",
     ):
         if key in res:

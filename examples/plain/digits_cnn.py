@@ -64,6 +64,7 @@ def main() -> None:
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     start, step_times, steps = time.perf_counter(), [], 0
     cpu_times: list[float] = []  # per-step CPU time of this thread: robust to machine load
+    step_ends: list[float] = []  # when each timed step ended (benchmarks pair windows)
     cpu_prev = 0.0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -79,6 +80,7 @@ def main() -> None:
             if t_prev:
                 step_times.append(now - t_prev)
                 cpu_times.append(cpu_now - cpu_prev)
+                step_ends.append(now)
             t_prev, cpu_prev = now, cpu_now
             if args.max_steps is not None and steps >= args.max_steps:
                 break
@@ -100,6 +102,7 @@ def main() -> None:
                 {
                     "step_times": step_times,
                     "step_cpu_times": cpu_times,
+                    "step_ends": step_ends,
                     "elapsed": time.perf_counter() - start,
                 },
                 fh,

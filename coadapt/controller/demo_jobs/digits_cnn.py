@@ -87,6 +87,7 @@ def main() -> None:
     model = ct.AdaptiveModel(net, opt, loader, retune_every=20)
     start, step_times, t_prev = time.perf_counter(), [], 0.0
     cpu_times: list[float] = []  # per-step CPU time of this thread: robust to machine load
+    step_ends: list[float] = []  # when each timed step ended (benchmarks pair windows)
     cpu_prev = 0.0
     for epoch in loader.epochs(args.epochs):
         model.train()
@@ -97,6 +98,7 @@ def main() -> None:
                 if t_prev:
                     step_times.append(now - t_prev)
                     cpu_times.append(cpu_now - cpu_prev)
+                    step_ends.append(now)
                 t_prev, cpu_prev = now, cpu_now
                 if args.max_steps is not None and model.steps >= args.max_steps:
                     break
@@ -124,6 +126,7 @@ def main() -> None:
                 {
                     "step_times": step_times,
                     "step_cpu_times": cpu_times,
+                    "step_ends": step_ends,
                     "elapsed": time.perf_counter() - start,
                 },
                 fh,
