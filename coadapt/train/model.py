@@ -31,8 +31,10 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -105,6 +107,12 @@ MEASURE_BUDGET = 0.05
 #: 24 and 33 on the φ = 324 they read at the gate (brute force 30-60), their AdaScale gain at
 #: its cap, and collapsed; on the CPU three more measurements took the same seed's φ to 34.
 FRESH_MEASUREMENTS = 3
+#: Most optimizer steps between two noise measurements at K > 1, however dear one is.
+MAX_MEASURE_SPACING = 64
+#: K > 1: a SIGTERM or a due checkpoint is agreed on at the next measuring step, so measuring
+#: steps are never spaced more than this many seconds of training apart (beyond
+#: ``measure_every`` steps): a rescale waits at most that long for the replicas to agree.
+FLAG_LATENCY_S = 0.5
 
 
 def default_lr_rule(optimizer: torch.optim.Optimizer) -> LRRule:
@@ -182,10 +190,15 @@ class AdaptiveModel:
         self._halves: list[tuple[int, float]] = []
         # (2, P): the first micro-batch's gradient and the step's (K = 1)
         self._rows: torch.Tensor | None = None
-        self._local_sq: torch.Tensor | None = None
-        self._global_parts: list[torch.Tensor] = []
-        self._extra: torch.Tensor | None = None
-        self._flags: dict[tuple[bool, bool], torch.Tensor] = {}
+        # K > 1: the in-flight step reduces its own gradients (a measuring step, every rank
+        # agrees); set by the forward of its sync micro-batch
+        self._reduce_here = False
+        self._flags: dict[tuple[bool, bool, int], torch.Tensor] = {}
+        # K > 1: recent wall times of measuring and other steps at the current (m, s), and
+        # the agreed spacing of measuring steps that keeps their extra cost in MEASURE_BUDGET
+        self._walls: dict[bool, deque[float]] = {True: deque(maxlen=16), False: deque(maxlen=32)}
+        self._walls_key: tuple[int, int, int, int] | None = None
+        self._sync_spacing = 0
         self._warmup = _WARMUP_STEPS
         self._followup = -1  # the step of an early re-tune after a batch change
         # no periodic or epoch re-tune before this step (RETUNE_BUDGET; rank 0's verdict)
@@ -230,9 +243,9 @@ class AdaptiveModel:
         self.ddp: DistributedDataParallel | None = None
         if self.ctx.distributed:
             ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+            # No comm hook: DDP's own all-reduce runs in C++. A measuring step reduces its
+            # gradients itself (_reduce_measuring), see there.
             self.ddp = DistributedDataParallel(self.module, device_ids=ids, **(ddp_kwargs or {}))
-            # A lambda: DDP checks annotations and ours are strings (postponed evaluation).
-            self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
         self._update_lr_scale()
         self._request_split()
         self.ctx.restore_rng()
@@ -253,7 +266,9 @@ class AdaptiveModel:
         if not self._gated:
             if split and self._needs_fresh:
                 return 2
-            return max(self.measure_every, self._split_spacing) if split else self.measure_every
+            if split:
+                return max(self.measure_every, self._split_spacing)
+            return max(self.measure_every, self._sync_spacing if self.ddp is not None else 0)
         return 2 if split else 1
 
     @property
@@ -274,7 +289,7 @@ class AdaptiveModel:
         by ``ct.shutdown()`` before the group is destroyed. The model still runs forward
         passes on its own module (an evaluation after training)."""
         self.ddp = None
-        self._extra, self._global_parts = None, []
+        self._reduce_here = False
 
     # -- forward --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -289,8 +304,11 @@ class AdaptiveModel:
             )
         try:
             if self.ddp is not None:
-                # DDP all-reduces only on the last micro-batch of an optimizer step.
-                self.ddp.require_backward_grad_sync = self.loader.is_sync_step
+                # DDP all-reduces only on the last micro-batch of an optimizer step, and not
+                # on a measuring step's: that one reduces in _reduce_measuring.
+                sync = self.loader.is_sync_step
+                self._reduce_here = sync and self.steps % self._measure_period == 0
+                self.ddp.require_backward_grad_sync = sync and not self._reduce_here
                 return self.ddp(*args, **kwargs)
             return self.module(*args, **kwargs)
         except Exception as exc:
@@ -403,71 +421,89 @@ class AdaptiveModel:
         gram: list[list[float]] = torch.mm(rows, rows.t()).tolist()
         return gram
 
-    # -- DDP comm hook (K > 1) ------------------------------------------------------------
-    def _comm_hook(
-        self, state: object, bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
-        """All-reduce (mean) one bucket; on measuring steps also take its squared norms.
+    # -- measuring steps at K > 1 -----------------------------------------------------------
+    def _reduce_measuring(self) -> list[float]:
+        """All-reduce (mean) this step's gradients with [Σ local |g|², stop, save] appended;
+        ``[mean local |g|², stop, save, |ḡ|²]`` (|·|² pre-conditioned for Adam).
 
-        On measuring steps (one in ``measure_every``; every step while gated) the last bucket
-        carries three extra elements, [Σ local |g|², stop flag, save flag], so the replicas
-        agree on the noise and on stopping or saving at the same step without an extra
-        collective. On the other steps every bucket is all-reduced in place, as DDP's own
-        hook does: the flags used to ride every step, and copying the last bucket into a
-        larger buffer and back (plus the Python around it) was most of the 2-replica
-        instructions the library added over plain DDP (issue 19). A SIGTERM or a due
-        checkpoint now waits for the next measuring step, at most ``measure_every - 1``
-        steps (a few milliseconds to a second) later; every rank computes the same steps.
+        A measuring step (one in ``measure_every``; every step while gated) runs its backward
+        without DDP's reduction (``require_backward_grad_sync`` off in the forward), so the
+        gradients here are this replica's own: their squared norm, and the flags, ride one
+        all-reduce with them, and the replicas agree on the noise and on stopping or saving
+        at the same step without a collective of their own. Every other step is DDP's own,
+        all-reduced in C++ while the backward runs. The library used to do all of this in a
+        Python comm hook on every step: the hook alone, even one that only all-reduced, cost
+        3.4% of a 2-replica digits step and the library 8.6% in all, measured with the two
+        jobs in lockstep (``benchmarks/lockstep.py``; issue 19). What a measuring step gives
+        up is overlapping that all-reduce with the backward; ``_measure_period`` spaces them.
         """
-        buf = bucket.buffer()
-        world = self._replicas
-        measure = self.steps % self._measure_period == 0
-        if not measure:
-            buf.div_(world)
-            return dist.all_reduce(buf, async_op=True).get_future().then(_first)
+        params: list[torch.Tensor] = list(self._params)
+        grads: list[torch.Tensor] = []
+        for p in params:
+            if p.grad is None:  # unused on this replica: DDP would reduce zeros for it
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat = torch.cat([g.reshape(-1) for g in grads])
         pinv: torch.Tensor | None = None
-        if self._precondition:
-            parts = self._pinv(list(bucket.parameters()))
-            if parts is not None:
-                flat = torch.cat([t.reshape(-1) for t in parts])
-                pinv = flat if flat.numel() == buf.numel() else None
-        sq = _flat_sq(buf, pinv)
-        local = self._local_sq = sq if self._local_sq is None else self._local_sq + sq
-        if bucket.is_last():
-            stop = self.ctx.stop_requested
-            save = self.ctx.rank == 0 and self._checkpoint_due()
-            flag = self._flag(stop, save, buf)
-            extra = torch.cat([local.to(buf.dtype).reshape(1), flag[1:]])
-            self._local_sq = None
-            n = buf.numel()
-            send = torch.cat([buf, extra]).div_(world)
-            fut = dist.all_reduce(send, async_op=True).get_future()
+        parts = self._pinv(params) if self._precondition else None
+        if parts is not None:
+            pinv = torch.cat([t.reshape(-1) for t in parts])
+        stop = self.ctx.stop_requested
+        lead = self.ctx.rank == 0
+        save = lead and self._checkpoint_due()
+        flag = self._flag(stop, save, self._propose_spacing() if lead else 0, flat)
+        local = _flat_sq(flat, pinv).to(flat.dtype).reshape(1)
+        send = torch.cat([flat, local, flag[1:]]).div_(self._replicas)
+        dist.all_reduce(send)
+        n = flat.numel()
+        mean = send[:n]
+        offset = 0
+        for g in grads:
+            g.copy_(mean[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+        return [*send[n:].tolist(), float(_flat_sq(mean, pinv))]
 
-            def done_last(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-                out = f.value()[0]
-                buf.copy_(out[:n])
-                self._extra = out[n:]
-                self._global_parts.append(_flat_sq(buf, pinv))
-                return buf
+    def _propose_spacing(self) -> int:
+        """Rank 0's spacing of measuring steps at K > 1 (0: too few timed steps to say).
 
-            return fut.then(done_last)
-        buf.div_(world)
-        fut = dist.all_reduce(buf, async_op=True).get_future()
+        A measuring step's all-reduce cannot overlap its backward, which on 2 CPU cores costs
+        ~8% of a step (one in ``measure_every`` = 4: ~2%) but could cost far more where the
+        all-reduce is as long as the backward (a large model across nodes). So measuring
+        steps are spaced until their extra time is at most MEASURE_BUDGET of the training
+        time, as split steps are at one replica, from the wall times of both kinds of step
+        at the current (m, s); the spacing rides the same all-reduce, so every rank adopts
+        it at the same step. The stop and save flags ride these steps as well, so the
+        spacing never exceeds FLAG_LATENCY_S of steps either.
+        """
+        meas, other = self._walls[True], self._walls[False]
+        if len(meas) < 3 or len(other) < 8:
+            return 0
+        base = statistics.median(other)
+        extra = statistics.median(meas) - base
+        if base <= 0 or extra <= 0:
+            return 1
+        by_budget = math.ceil(extra / (MEASURE_BUDGET * base))
+        by_latency = max(1, int(FLAG_LATENCY_S / base))  # the flags ride these steps too
+        return min(MAX_MEASURE_SPACING, by_latency, by_budget)
 
-        def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            out = f.value()[0]
-            self._global_parts.append(_flat_sq(out, pinv))
-            return out
+    def _record_wall(self, measuring: bool, seconds: float) -> None:
+        """Time one step at K > 1 for :meth:`_propose_spacing` (rank 0's; per (m, s))."""
+        key = self._key()
+        if key != self._walls_key:
+            self._walls_key = key
+            self._walls[True].clear()
+            self._walls[False].clear()
+        self._walls[measuring].append(seconds)
 
-        return fut.then(done)
-
-    def _flag(self, stop: bool, save: bool, like: torch.Tensor) -> torch.Tensor:
-        """The cached [0, stop, save] triple in the bucket's dtype and device (no per-step
+    def _flag(self, stop: bool, save: bool, spacing: int, like: torch.Tensor) -> torch.Tensor:
+        """The cached [0, stop, save, spacing] in the gradients' dtype and device (no per-step
         allocation)."""
-        flag = self._flags.get((stop, save))
+        flag = self._flags.get((stop, save, spacing))
         if flag is None or flag.dtype != like.dtype or flag.device != like.device:
-            flag = self._flags[(stop, save)] = torch.tensor(
-                [0.0, float(stop), float(save)], dtype=like.dtype, device=like.device
+            flag = self._flags[(stop, save, spacing)] = torch.tensor(
+                [0.0, float(stop), float(save), float(spacing)],
+                dtype=like.dtype,
+                device=like.device,
             )
         return flag
 
@@ -515,6 +551,7 @@ class AdaptiveModel:
             return False
         stop = self.ctx.stop_requested
         finish: Callable[[], None] | None = None
+        measuring_sync = self._reduce_here
         if self.ddp is not None:
             stop, save = self._measure_distributed()
         else:
@@ -537,6 +574,8 @@ class AdaptiveModel:
             self.profile.record_iter(self._key(), now - loader.step_start)
             if s == 0 and self._replicas == 1:
                 self.profile.record_grad(self._key(), now - loader.step_start)
+            if self.ddp is not None and self.ctx.rank == 0:
+                self._record_wall(measuring_sync, now - loader.step_start)
         if not self._stepped:  # restart latency: the controller times a rescale by this
             self._stepped = True
             self.ctx.metrics.emit(
@@ -606,21 +645,24 @@ class AdaptiveModel:
         )
 
     def _measure_distributed(self) -> tuple[bool, bool]:
-        """Update the noise estimate; return the *agreed* stop and save flags.
+        """Reduce a measuring step's gradients, update the noise estimate; return the
+        *agreed* stop and save flags (both False on the other steps).
 
-        Only the all-reduced flag may decide: a SIGTERM that lands on one rank after its hook
-        sent 0 is carried by the next step's all-reduce, whereas stopping on the local flag
-        now would leave that rank in a barrier while the others run the next step (deadlock).
+        Only the all-reduced flag may decide: a SIGTERM that lands on one rank after it sent
+        0 is carried by the next measuring step, whereas stopping on the local flag now would
+        leave that rank in a barrier while the others run the next step (deadlock).
         """
-        extra, parts = self._extra, self._global_parts
-        self._extra, self._global_parts, self._local_sq = None, [], None
-        if extra is None or not parts:  # not a measuring step: nothing rode along to agree on
+        if not self._reduce_here:
             return False, False
-        values = torch.cat([extra, torch.stack(parts).sum().reshape(1)]).tolist()
+        self._reduce_here = False
+        local_sq, stop, save, spacing, global_sq = self._reduce_measuring()
         piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
         if self._measuring:  # not while Adam's P is still made of a step or two
-            self.gns.update(*estimate(values[0], values[3], piece_bsz, self._replicas))
-        return values[1] > 0, values[2] > 0
+            self.gns.update(*estimate(local_sq, global_sq, piece_bsz, self._replicas))
+        proposed = round(spacing * self._replicas)  # rank 0's alone: the others sent 0
+        if proposed > 0:
+            self._sync_spacing = proposed
+        return stop > 0, save > 0
 
     def _measure_single(self) -> Callable[[], None] | None:
         """K = 1: noise from the step's micro-batch pieces, all taken at the same weights.
@@ -930,10 +972,6 @@ def prewarm_optimizer(wait: bool = True) -> None:
 def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:
     x = buf if pinv is None else buf / pinv
     return torch.dot(x, x)
-
-
-def _first(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-    return f.value()[0]
 
 
 def _comm_device(model: AdaptiveModel) -> torch.device:

@@ -10,7 +10,7 @@ from torch import nn
 from coadapt.goodput import PerfParams
 from coadapt.train import AdaptiveDataLoader, AdaptiveModel
 from coadapt.train.context import TrainingContext
-from coadapt.train.model import MEASURE_BUDGET
+from coadapt.train.model import FLAG_LATENCY_S, MAX_MEASURE_SPACING, MEASURE_BUDGET
 
 from .test_model import linear_problem
 
@@ -96,3 +96,33 @@ def test_a_follow_up_waits_for_fresh_noise_measurements(ctx: TrainingContext) ->
     assert look_count - gate_count >= max(FRESH_MEASUREMENTS, 1)
     assert look_step <= gate_step + _WARMUP_STEPS + 2 * _FOLLOWUP_STEPS
     assert model._measure_period == 50  # fresh noise in: back to the budget's spacing
+
+
+def test_measuring_steps_of_several_replicas_are_spaced_to_their_budget(
+    ctx: TrainingContext,
+) -> None:
+    """K > 1: a measuring step reduces its gradients after the backward instead of during
+    it; rank 0 proposes a spacing that keeps the extra time in MEASURE_BUDGET, capped so the
+    stop and save flags (which ride those steps) are agreed within FLAG_LATENCY_S."""
+    model = _job(ctx, measure_every=4)
+    assert model._propose_spacing() == 0  # nothing timed yet: no proposal
+    for _ in range(8):
+        model._record_wall(False, 0.010)
+    for _ in range(3):
+        model._record_wall(True, 0.013)  # +30%: one in 6 keeps it at 5%
+    assert model._propose_spacing() == math.ceil(0.003 / (MEASURE_BUDGET * 0.010)) == 6
+    for _ in range(16):
+        model._record_wall(True, 0.200)  # 20x dearer, but flags within 0.5 s of 10 ms steps
+    assert model._propose_spacing() == min(MAX_MEASURE_SPACING, int(FLAG_LATENCY_S / 0.010))
+    for _ in range(32):
+        model._record_wall(False, 0.300)  # slow steps: 0.5 s is one step, measure_every wins
+    assert model._propose_spacing() == 1
+    model._gated, model._sync_spacing = False, 1
+    model.ddp = object()  # type: ignore[assignment]  # only its presence is read here
+    assert model._measure_period == 4
+    model._sync_spacing = 9
+    assert model._measure_period == 9
+    model._walls_key = (0, 0, 0, 0)  # the timings are per (m, s): another size starts afresh
+    model._record_wall(False, 0.010)
+    assert len(model._walls[True]) == 0 and list(model._walls[False]) == [0.010]
+    model.ddp = None

@@ -1,7 +1,8 @@
-"""Two replicas: the noise statistics and the stop/save flags ride the gradient all-reduce on
-measuring steps only (issue 19); on the other steps the buckets are reduced in place as DDP's
-own hook does. The estimate must stay right, and a SIGTERM on one rank must still stop both
-at the same step (a disagreement would leave one rank in the next collective)."""
+"""Two replicas: a measuring step reduces its own gradients with the noise statistics and the
+stop/save flags appended (issue 19); the other steps are DDP's own C++ all-reduce. Every
+step must apply exactly the replicas' mean gradient, the estimate must stay right, and a
+SIGTERM on one rank must still stop both at the same step (a disagreement would leave one
+rank in the next collective)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,63 @@ def test_two_replica_noise_estimate_matches_the_closed_form(tmp_path: Path) -> N
     res = json.loads(out.read_text())
     assert res["measurements"] >= 200
     assert abs(res["estimate"] - res["truth"]) / res["truth"] < 0.15, res
+
+
+_MEAN_SCRIPT = """
+import copy, sys
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+import coadapt.train as ct
+
+ctx = ct.init()
+g = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(512, 8, generator=g), torch.randint(0, 3, (512,), generator=g))
+loader = ct.AdaptiveDataLoader(data, batch_size=32, max_batch_size=32, seed=0)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+adam = sys.argv[1] == "adam"
+opt = (torch.optim.Adam if adam else torch.optim.SGD)(net.parameters(), lr=0.05)
+model = ct.AdaptiveModel(net, opt, loader, measure_every=3)
+twin = copy.deepcopy(net)  # the reference: same weights, same optimizer, plain mean gradient
+twin_opt = (torch.optim.Adam if adam else torch.optim.SGD)(twin.parameters(), lr=0.05)
+worst = 0.0
+for step, (x, y) in enumerate(loader):
+    twin_opt.zero_grad()
+    F.cross_entropy(twin(x), y).backward()
+    for p in twin.parameters():  # the mean of the replicas' gradients, by hand
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    twin_opt.step()
+    model.step(F.cross_entropy(model(x), y))
+    for a, b in zip(net.parameters(), twin.parameters()):
+        worst = max(worst, float((a.detach() - b.detach()).abs().max()))
+    if step == 39:
+        break
+print("MEAN", ctx.rank, model.gns.count, f"{worst:.3g}", model._sync_spacing, flush=True)
+ct.shutdown()
+"""
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_every_step_applies_the_replicas_mean_gradient(tmp_path: Path, optimizer: str) -> None:
+    """40 steps, one in three measuring (or fewer, as rank 0's pacing agrees): the weights
+    follow a twin that all-reduces its gradients by hand, on measuring steps (reduced by
+    the library) and on the others (DDP's); both ranks measure the same steps."""
+    script = tmp_path / "mean_job.py"
+    script.write_text(_MEAN_SCRIPT)
+    cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", str(script), optimizer]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [ln.split("MEAN")[1].split() for ln in proc.stdout.splitlines() if "MEAN" in ln]
+    assert sorted(int(f[0]) for f in lines) == [0, 1], proc.stdout[-2000:]
+    for _, measured, worst, _ in lines:
+        assert 0 < int(measured) < 40  # both kinds of step ran
+        assert float(worst) < 1e-5, proc.stdout[-2000:]
+    assert lines[0][1:2] + lines[0][3:] == lines[1][1:2] + lines[1][3:]  # agreed: count, spacing
 
 
 def test_a_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> None:
