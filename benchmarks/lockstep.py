@@ -32,18 +32,22 @@ from typing import Any
 
 #: Timed steps a window must hold for its median to count.
 MIN_WINDOW_STEPS = 5
-#: Pause after a SIGSTOP before the other job's window opens (the stop reaches each thread
-#: when it next enters the kernel or is preempted: well under a millisecond).
-STOP_SETTLE_S = 0.002
+#: Longest wait for a stopped job's threads to reach the stopped state before the other
+#: job's window opens anyway (a SIGSTOP reaches each thread when it next enters the kernel
+#: or is preempted: well under a millisecond on a quiet machine, more under load).
+STOP_SETTLE_S = 0.2
 
 
 @dataclass(frozen=True)
 class Window:
-    """One job's turn: it ran from ``start`` to ``end`` (``time.perf_counter`` seconds)."""
+    """One job's turn: it ran from ``start`` to ``end`` (``time.perf_counter`` seconds), when
+    it was sent SIGSTOP; ``stopped``: when every thread of it was seen stopped (or the wait
+    gave up), the moment the next window may open."""
 
     job: int
     start: float
     end: float
+    stopped: float = float("nan")
 
 
 def window_medians(
@@ -84,6 +88,48 @@ def pair_ratios(
         n, d = (a, b) if ja == num else (b, a)
         ratios.append(n / d)
     return ratios
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc/*/task/*/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+    return out
+
+
+def _all_stopped(pids: Sequence[int]) -> bool:
+    """Whether every thread of ``pids`` is stopped (or gone)."""
+    for p in pids:
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                raw = Path(f"/proc/{p}/task/{t}/stat").read_text()
+            except OSError:
+                continue
+            if raw[raw.rfind(")") + 2 :].split()[0] not in ("T", "t", "Z", "X"):
+                return False
+    return True
+
+
+def _wait_stopped(pid: int, timeout_s: float, clock: Callable[[], float]) -> float:
+    """Wait (bounded) until the job rooted at ``pid`` is stopped; the time it was seen so."""
+    deadline = clock() + timeout_s
+    pids = _tree(pid)
+    while not _all_stopped(pids) and clock() < deadline:
+        time.sleep(0.0002)
+    return clock()
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -131,14 +177,14 @@ def run_lockstep(
             turn += 1
             if procs[job].poll() is not None:
                 continue
+            start = clock()  # read before the job can run, as ``end`` is before it stops
             _signal_group(procs[job].pid, signal.SIGCONT)
-            start = clock()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 procs[job].wait(timeout=window_s)
             end = clock()
             _signal_group(procs[job].pid, signal.SIGSTOP)
-            time.sleep(STOP_SETTLE_S)
-            windows.append(Window(job, start, end))
+            stopped = _wait_stopped(procs[job].pid, STOP_SETTLE_S, clock)
+            windows.append(Window(job, start, end, stopped))
         for i, p in enumerate(procs):
             if p.returncode != 0:
                 tail = logs[i].read_text(errors="replace")[-3000:]

@@ -5,6 +5,7 @@ time busy steps: a job's steps may end only inside its own windows (stopped, it 
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -70,9 +71,12 @@ def test_two_real_jobs_never_step_outside_their_own_windows(tmp_path: Path) -> N
     windows = run_lockstep(cmds, 0.1, cwd=tmp_path, env={}, logs=logs, timeout_s=120)
     assert [w.job for w in windows[:4]] == [0, 1, 0, 1]
     timings = [read_timing(o) for o in outs]
-    slack = 0.005  # a SIGSTOP reaches the process a moment after the window's end is read
+    assert all(w.start < w.end <= w.stopped for w in windows)
+    # a SIGSTOP reaches the job a moment after the window's end was read; the next window
+    # opens only once it is seen stopped
+    assert all(a.stopped <= b.start for a, b in itertools.pairwise(windows))
     for j, timing in enumerate(timings):
-        own = [(w.start, w.end + slack) for w in windows if w.job == j]
+        own = [(w.start, w.stopped) for w in windows if w.job == j]
         stray = [t for t in timing["step_ends"] if not any(a <= t <= b for a, b in own)]
         assert not stray, f"job {j} stepped outside its windows at {stray[:3]}"
     ratios = lockstep_ratios(windows, timings, num=1, den=0)
