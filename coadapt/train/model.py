@@ -193,6 +193,7 @@ class AdaptiveModel:
         # K > 1: the in-flight step reduces its own gradients (a measuring step, every rank
         # agrees); set by the forward of its sync micro-batch
         self._reduce_here = False
+        self._send: torch.Tensor | None = None  # its buffer, kept between measuring steps
         self._flags: dict[tuple[bool, bool, int], torch.Tensor] = {}
         # K > 1: recent wall times of measuring and other steps at the current (m, s), and
         # the agreed spacing of measuring steps that keeps their extra cost in MEASURE_BUDGET
@@ -443,7 +444,13 @@ class AdaptiveModel:
             if p.grad is None:  # unused on this replica: DDP would reduce zeros for it
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        n = sum(g.numel() for g in grads)
+        dtype = grads[0].dtype if all(g.dtype == grads[0].dtype for g in grads) else torch.float32
+        send = self._send
+        if send is None or send.numel() != n + 4 or send.dtype != dtype:
+            send = self._send = torch.empty(n + 4, dtype=dtype, device=grads[0].device)
+        flat = send[:n]  # the gradients and [Σ local |g|², stop, save, spacing]: one buffer
+        torch.cat([g.reshape(-1).to(dtype) for g in grads], out=flat)
         pinv: torch.Tensor | None = None
         parts = self._pinv(params) if self._precondition else None
         if parts is not None:
@@ -451,17 +458,16 @@ class AdaptiveModel:
         stop = self.ctx.stop_requested
         lead = self.ctx.rank == 0
         save = lead and self._checkpoint_due()
-        flag = self._flag(stop, save, self._propose_spacing() if lead else 0, flat)
-        local = _flat_sq(flat, pinv).to(flat.dtype).reshape(1)
-        send = torch.cat([flat, local, flag[1:]]).div_(self._replicas)
+        send[n + 1 :].copy_(self._flag(stop, save, self._propose_spacing() if lead else 0, send))
+        send[n].copy_(_flat_sq(flat, pinv))
+        send.div_(self._replicas)
         dist.all_reduce(send)
-        n = flat.numel()
-        mean = send[:n]
         offset = 0
         for g in grads:
-            g.copy_(mean[offset : offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
-        return [*send[n:].tolist(), float(_flat_sq(mean, pinv))]
+        tail = torch.cat([send[n:], _flat_sq(flat, pinv).to(dtype).reshape(1)])
+        return [float(v) for v in tail.tolist()]  # one host sync for all five
 
     def _propose_spacing(self) -> int:
         """Rank 0's spacing of measuring steps at K > 1 (0: too few timed steps to say).
@@ -496,14 +502,12 @@ class AdaptiveModel:
         self._walls[measuring].append(seconds)
 
     def _flag(self, stop: bool, save: bool, spacing: int, like: torch.Tensor) -> torch.Tensor:
-        """The cached [0, stop, save, spacing] in the gradients' dtype and device (no per-step
+        """The cached [stop, save, spacing] in the gradients' dtype and device (no per-step
         allocation)."""
         flag = self._flags.get((stop, save, spacing))
         if flag is None or flag.dtype != like.dtype or flag.device != like.device:
             flag = self._flags[(stop, save, spacing)] = torch.tensor(
-                [0.0, float(stop), float(save), float(spacing)],
-                dtype=like.dtype,
-                device=like.device,
+                [float(stop), float(save), float(spacing)], dtype=like.dtype, device=like.device
             )
         return flag
 
