@@ -301,11 +301,12 @@ class TrainingContext:
                     work.wait(timeout=timedelta(seconds=_SHUTDOWN_BARRIER_S))
             # destroy_process_group only unregisters the group: each DDP wrapper still held
             # it (seen: alive after shutdown, referred to by the wrapper's __dict__), so the
-            # wrapper, its reducer and its Python comm hook lived until interpreter
-            # finalization, where a rank now and then died with "terminate called without an
-            # active exception" (not reproduced on demand). Registered models let go of their
-            # wrappers and those are collected here, while Python still runs. (The group's
-            # Python object stays alive after this, held from C++, not from Python.)
+            # wrapper, its reducer and (until the library stopped registering one) its Python
+            # comm hook lived until interpreter finalization, where a rank now and then died
+            # with "terminate called without an active exception" (not reproduced on demand).
+            # Registered models let go of their wrappers and those are collected here, while
+            # Python still runs. (The group's Python object stays alive after this, held from
+            # C++, not from Python.)
             for obj in self._states.values():
                 leave = getattr(obj, "leave_process_group", None)
                 if callable(leave):

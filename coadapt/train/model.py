@@ -7,11 +7,11 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
 * measures the gradient noise without extra backward passes (see :mod:`coadapt.train.gns`),
   on one optimizer step in every ``measure_every`` so its cost (norms, a host sync) is
   amortised (on every step while the noise gate still holds the batch at M0): with K > 1
-  replicas a DDP comm hook takes each bucket's local squared norm *before* the all-reduce
-  and the global one after; the sum of local norms and the stop/save flags ride along as
-  extra elements of the last bucket, so there is no extra collective. Both ride on measuring
-  steps only: on the others the hook all-reduces the buckets in place, as DDP's own hook
-  does (a SIGTERM or a due checkpoint waits at most ``measure_every - 1`` steps). With K = 1
+  replicas a measuring step skips DDP's reduction and all-reduces its gradients itself, with
+  the local squared norm, the stop/save flags and rank 0's spacing of measuring steps
+  appended, so there is no extra collective; every other step is DDP's own C++ all-reduce
+  (a SIGTERM or a due checkpoint waits for the next measuring step, at most
+  ``FLAG_LATENCY_S`` of steps beyond ``measure_every``). With K = 1
   it uses the first micro-batch vs the accumulated gradient; without accumulation the loader
   splits a measuring step into two micro-batches (both pieces at the same weights: unbiased,
   unlike consecutive steps), flattened into one buffer so that a single 2×2 Gram matrix
@@ -424,8 +424,9 @@ class AdaptiveModel:
 
     # -- measuring steps at K > 1 -----------------------------------------------------------
     def _reduce_measuring(self) -> list[float]:
-        """All-reduce (mean) this step's gradients with [Σ local |g|², stop, save] appended;
-        ``[mean local |g|², stop, save, |ḡ|²]`` (|·|² pre-conditioned for Adam).
+        """All-reduce (mean) this step's gradients with [Σ local |g|², stop, save, rank 0's
+        spacing] appended; ``[mean local |g|², stop, save, spacing / K, |ḡ|²]`` (|·|²
+        pre-conditioned for Adam).
 
         A measuring step (one in ``measure_every``; every step while gated) runs its backward
         without DDP's reduction (``require_backward_grad_sync`` off in the forward), so the
@@ -433,10 +434,10 @@ class AdaptiveModel:
         all-reduce with them, and the replicas agree on the noise and on stopping or saving
         at the same step without a collective of their own. Every other step is DDP's own,
         all-reduced in C++ while the backward runs. The library used to do all of this in a
-        Python comm hook on every step: the hook alone, even one that only all-reduced, cost
-        3.4% of a 2-replica digits step and the library 8.6% in all, measured with the two
-        jobs in lockstep (``benchmarks/lockstep.py``; issue 19). What a measuring step gives
-        up is overlapping that all-reduce with the backward; ``_measure_period`` spaces them.
+        Python comm hook on every step: such a hook, even one that only all-reduced, cost
+        3.4% of a plain 2-replica digits step, measured with the jobs in lockstep
+        (``benchmarks/lockstep.py``; issue 19). What a measuring step gives up is overlapping
+        that all-reduce with the backward; ``_propose_spacing`` spaces them.
         """
         params: list[torch.Tensor] = list(self._params)
         grads: list[torch.Tensor] = []

@@ -137,9 +137,9 @@ print("FREED", ctx.rank, wrapper() is None, tuple(out.shape), flush=True)
 
 
 def test_shutdown_frees_the_ddp_wrapper_while_python_runs(tmp_path: Path) -> None:
-    """``ct.shutdown()`` leaves no DDP wrapper (with its reducer and Python comm hook) holding
-    the destroyed process group until interpreter finalization, where a rank now and then
-    aborted ("terminate called without an active exception"); the model still evaluates."""
+    """``ct.shutdown()`` leaves no DDP wrapper (with its reducer) holding the destroyed
+    process group until interpreter finalization, where a rank now and then aborted
+    ("terminate called without an active exception"); the model still evaluates."""
     script = tmp_path / "shutdown_job.py"
     script.write_text(_SHUTDOWN_SCRIPT)
     cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", str(script)]
