@@ -7,11 +7,11 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
 * measures the gradient noise without extra backward passes (see :mod:`coadapt.train.gns`),
   on one optimizer step in every ``measure_every`` so its cost (norms, a host sync) is
   amortised (on every step while the noise gate still holds the batch at M0): with K > 1
-  replicas a measuring step skips DDP's reduction and all-reduces its gradients itself, with
-  the local squared norm, the stop/save flags and rank 0's spacing of measuring steps
-  appended, so there is no extra collective; every other step is DDP's own C++ all-reduce
-  (a SIGTERM or a due checkpoint waits for the next measuring step, at most
-  ``FLAG_LATENCY_S`` of steps beyond ``measure_every``). With K = 1
+  replicas every step is DDP's own C++ all-reduce, and on a measuring step hooks take each
+  gradient's local squared norm before DDP reduces it; the norms, the stop/save flags and
+  rank 0's spacing of measuring steps are then agreed in one small all-reduce (a SIGTERM or
+  a due checkpoint waits for the next measuring step, at most ``FLAG_LATENCY_S`` of steps
+  beyond ``measure_every``). With K = 1
   it uses the first micro-batch vs the accumulated gradient; without accumulation the loader
   splits a measuring step into two micro-batches (both pieces at the same weights: unbiased,
   unlike consecutive steps), flattened into one buffer so that a single 2×2 Gram matrix
@@ -30,12 +30,14 @@ One call per micro-batch, ``model.step(loss)``, does what a PolluxAgent does ins
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -190,10 +192,13 @@ class AdaptiveModel:
         self._halves: list[tuple[int, float]] = []
         # (2, P): the first micro-batch's gradient and the step's (K = 1)
         self._rows: torch.Tensor | None = None
-        # K > 1: the in-flight step reduces its own gradients (a measuring step, every rank
-        # agrees); set by the forward of its sync micro-batch
-        self._reduce_here = False
-        self._send: torch.Tensor | None = None  # its buffer, kept between measuring steps
+        # K > 1, a measuring step: hooks that take each gradient's local squared norm before
+        # DDP reduces it (registered by the forward of its sync micro-batch), the norms they
+        # took, and Adam's P for them
+        self._norm_hooks: list[Any] = []
+        self._local_parts: list[torch.Tensor] = []
+        self._hook_pinv: list[torch.Tensor] | None = None
+        self._pending: _PendingMeasurement | None = None  # its agreement, still in flight
         self._flags: dict[tuple[bool, bool, int], torch.Tensor] = {}
         # K > 1: recent wall times of measuring and other steps at the current (m, s), and
         # the agreed spacing of measuring steps that keeps their extra cost in MEASURE_BUDGET
@@ -244,8 +249,8 @@ class AdaptiveModel:
         self.ddp: DistributedDataParallel | None = None
         if self.ctx.distributed:
             ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-            # No comm hook: DDP's own all-reduce runs in C++. A measuring step reduces its
-            # gradients itself (_reduce_measuring), see there.
+            # No comm hook: DDP's own all-reduce runs in C++ on every step. A measuring step
+            # takes the local norms on the side (_watch_local_norms), see there.
             self.ddp = DistributedDataParallel(self.module, device_ids=ids, **(ddp_kwargs or {}))
         self._update_lr_scale()
         self._request_split()
@@ -261,7 +266,9 @@ class AdaptiveModel:
 
         While gated: every step, except at one replica without accumulation, where every
         other one (a measuring step is split and not timed, so the rest time M0 for the
-        first fit).
+        first fit). After a batch change, until FRESH_MEASUREMENTS are in: every other step
+        (split) or every step (K > 1). Otherwise ``measure_every``, or the spacing that keeps
+        measuring within MEASURE_BUDGET if that is longer.
         """
         split = self.ddp is None and self.loader.accum_steps == 0
         if not self._gated:
@@ -269,7 +276,10 @@ class AdaptiveModel:
                 return 2
             if split:
                 return max(self.measure_every, self._split_spacing)
-            return max(self.measure_every, self._sync_spacing if self.ddp is not None else 0)
+            if self.ddp is None:
+                return self.measure_every
+            # K > 1: fresh evidence after a batch change, then as the budget allows
+            return 1 if self._needs_fresh else max(self.measure_every, self._sync_spacing)
         return 2 if split else 1
 
     @property
@@ -290,7 +300,11 @@ class AdaptiveModel:
         by ``ct.shutdown()`` before the group is destroyed. The model still runs forward
         passes on its own module (an evaluation after training)."""
         self.ddp = None
-        self._reduce_here = False
+        self._unwatch_local_norms()
+        pending, self._pending = self._pending, None
+        if pending is not None:  # the group is about to go: let its last collective end
+            with contextlib.suppress(RuntimeError):
+                pending.work.wait()
 
     # -- forward --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -305,11 +319,11 @@ class AdaptiveModel:
             )
         try:
             if self.ddp is not None:
-                # DDP all-reduces only on the last micro-batch of an optimizer step, and not
-                # on a measuring step's: that one reduces in _reduce_measuring.
+                # DDP all-reduces only on the last micro-batch of an optimizer step.
                 sync = self.loader.is_sync_step
-                self._reduce_here = sync and self.steps % self._measure_period == 0
-                self.ddp.require_backward_grad_sync = sync and not self._reduce_here
+                self.ddp.require_backward_grad_sync = sync
+                if sync and not self._norm_hooks and self.steps % self._measure_period == 0:
+                    self._watch_local_norms()
                 return self.ddp(*args, **kwargs)
             return self.module(*args, **kwargs)
         except Exception as exc:
@@ -423,52 +437,77 @@ class AdaptiveModel:
         return gram
 
     # -- measuring steps at K > 1 -----------------------------------------------------------
-    def _reduce_measuring(self) -> list[float]:
-        """All-reduce (mean) this step's gradients with [Σ local |g|², stop, save, rank 0's
-        spacing] appended; ``[mean local |g|², stop, save, spacing / K, |ḡ|²]`` (|·|²
-        pre-conditioned for Adam).
+    def _watch_local_norms(self) -> None:
+        """Before a measuring step's sync backward (K > 1): take each gradient's squared norm
+        (pre-conditioned for Adam) the moment it is accumulated, before DDP reduces it.
 
-        A measuring step (one in ``measure_every``; every step while gated) runs its backward
-        without DDP's reduction (``require_backward_grad_sync`` off in the forward), so the
-        gradients here are this replica's own: their squared norm, and the flags, ride one
-        all-reduce with them, and the replicas agree on the noise and on stopping or saving
-        at the same step without a collective of their own. Every other step is DDP's own,
-        all-reduced in C++ while the backward runs. The library used to do all of this in a
-        Python comm hook on every step: such a hook, even one that only all-reduced, cost
-        3.4% of a plain 2-replica digits step, measured with the jobs in lockstep
-        (``benchmarks/lockstep.py``; issue 19). What a measuring step gives up is overlapping
-        that all-reduce with the backward; ``_propose_spacing`` spaces them.
+        A tensor's post-accumulate-grad hook runs inside its AccumulateGrad node, before the
+        node's post hooks, where DDP's reducer copies the gradient into its bucket: the hook
+        sees this replica's own gradient (checked with many buckets; with accumulation, the
+        micro-batches' sum). So DDP's all-reduce runs in C++, overlapped with the backward,
+        on every step. The library used to register a Python comm hook instead: such a hook,
+        even one that only all-reduced, cost 3.4% of a plain 2-replica digits step, measured
+        with the jobs in lockstep (``benchmarks/lockstep.py``; issue 19). Reducing a
+        measuring step's gradients by hand instead (no overlap) made it cost 2-3x a step on
+        the teacher MLP, and spacing such steps to their budget starved the agent of noise
+        readings. The hooks exist only during measuring steps.
         """
-        params: list[torch.Tensor] = list(self._params)
-        grads: list[torch.Tensor] = []
-        for p in params:
-            if p.grad is None:  # unused on this replica: DDP would reduce zeros for it
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        n = sum(g.numel() for g in grads)
-        dtype = grads[0].dtype if all(g.dtype == grads[0].dtype for g in grads) else torch.float32
-        send = self._send
-        if send is None or send.numel() != n + 4 or send.dtype != dtype:
-            send = self._send = torch.empty(n + 4, dtype=dtype, device=grads[0].device)
-        flat = send[:n]  # the gradients and [Σ local |g|², stop, save, spacing]: one buffer
-        torch.cat([g.reshape(-1).to(dtype) for g in grads], out=flat)
-        pinv: torch.Tensor | None = None
-        parts = self._pinv(params) if self._precondition else None
-        if parts is not None:
-            pinv = torch.cat([t.reshape(-1) for t in parts])
+        params = self._params
+        pinv = self._pinv(list(params)) if self._precondition else None
+        self._hook_pinv = pinv
+        self._local_parts = []
+        parts = self._local_parts
+
+        def hook_for(d: torch.Tensor | None) -> Callable[[torch.Tensor], None]:
+            def take(p: torch.Tensor) -> None:
+                g = p.grad
+                if g is not None:
+                    x = (g if d is None else g / d).reshape(-1)
+                    parts.append(torch.dot(x, x))
+
+            return take
+
+        self._norm_hooks = [
+            p.register_post_accumulate_grad_hook(hook_for(None if pinv is None else pinv[i]))
+            for i, p in enumerate(params)
+        ]
+
+    def _unwatch_local_norms(self) -> None:
+        for h in self._norm_hooks:
+            h.remove()
+        self._norm_hooks = []
+
+    def _launch_measurement(self) -> _PendingMeasurement:
+        """After a measuring step's backward (K > 1; DDP has reduced its gradients): start
+        agreeing on [Σ local |g|², stop, save, rank 0's spacing] in one small all-reduce, in
+        the background, and take |ḡ|² meanwhile (|·|² pre-conditioned for Adam).
+
+        The all-reduce is waited for at the next step (:meth:`_measure_distributed`), by
+        which time it has long finished: waiting for it here added a second point per step
+        where a rank waits for the other, and on two shared cores that cost more than the
+        measurement itself (lockstep, issue 19).
+        """
+        self._unwatch_local_norms()
+        parts, self._local_parts = self._local_parts, []
+        pinv, self._hook_pinv = self._hook_pinv, None
+        grads = [p.grad for p in self._params]
+        device = next((g.device for g in grads if g is not None), self.ctx.device)
+        f64 = torch.float64
+        local = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
         stop = self.ctx.stop_requested
         lead = self.ctx.rank == 0
         save = lead and self._checkpoint_due()
-        send[n + 1 :].copy_(self._flag(stop, save, self._propose_spacing() if lead else 0, send))
-        send[n].copy_(_flat_sq(flat, pinv))
-        send.div_(self._replicas)
-        dist.all_reduce(send)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-        tail = torch.cat([send[n:], _flat_sq(flat, pinv).to(dtype).reshape(1)])
-        return [float(v) for v in tail.tolist()]  # one host sync for all five
+        flag = self._flag(stop, save, self._propose_spacing() if lead else 0, device, f64)
+        send = torch.cat([local.to(f64).reshape(1), flag]).div_(self._replicas)
+        work = dist.all_reduce(send, async_op=True)
+        sq = [
+            _flat_sq(g.reshape(-1), None if pinv is None else pinv[i].reshape(-1)).to(f64)
+            for i, g in enumerate(grads)
+            if g is not None
+        ]
+        total = torch.stack(sq).sum() if sq else torch.zeros((), dtype=f64, device=device)
+        piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
+        return _PendingMeasurement(work, send, total, self._measuring, piece_bsz)
 
     def _propose_spacing(self) -> int:
         """Rank 0's spacing of measuring steps at K > 1 (0: too few timed steps to say).
@@ -502,13 +541,15 @@ class AdaptiveModel:
             self._walls[False].clear()
         self._walls[measuring].append(seconds)
 
-    def _flag(self, stop: bool, save: bool, spacing: int, like: torch.Tensor) -> torch.Tensor:
-        """The cached [stop, save, spacing] in the gradients' dtype and device (no per-step
+    def _flag(
+        self, stop: bool, save: bool, spacing: int, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The cached [stop, save, spacing] on the gradients' device (no per-step
         allocation)."""
         flag = self._flags.get((stop, save, spacing))
-        if flag is None or flag.dtype != like.dtype or flag.device != like.device:
+        if flag is None or flag.dtype != dtype or flag.device != device:
             flag = self._flags[(stop, save, spacing)] = torch.tensor(
-                [float(stop), float(save), float(spacing)], dtype=like.dtype, device=like.device
+                [float(stop), float(save), float(spacing)], dtype=dtype, device=device
             )
         return flag
 
@@ -556,7 +597,7 @@ class AdaptiveModel:
             return False
         stop = self.ctx.stop_requested
         finish: Callable[[], None] | None = None
-        measuring_sync = self._reduce_here
+        measuring_sync = bool(self._norm_hooks)
         if self.ddp is not None:
             stop, save = self._measure_distributed()
         else:
@@ -579,7 +620,8 @@ class AdaptiveModel:
             self.profile.record_iter(self._key(), now - loader.step_start)
             if s == 0 and self._replicas == 1:
                 self.profile.record_grad(self._key(), now - loader.step_start)
-            if self.ddp is not None and self.ctx.rank == 0:
+            if self.ddp is not None and self.ctx.rank == 0 and not self._gated:
+                # not while gated: every step measures then, and early steps run slower
                 self._record_wall(measuring_sync, now - loader.step_start)
         if not self._stepped:  # restart latency: the controller times a rescale by this
             self._stepped = True
@@ -650,24 +692,30 @@ class AdaptiveModel:
         )
 
     def _measure_distributed(self) -> tuple[bool, bool]:
-        """Reduce a measuring step's gradients, update the noise estimate; return the
-        *agreed* stop and save flags (both False on the other steps).
+        """Finish the last measuring step's agreement (update the noise estimate, adopt the
+        spacing) and return its *agreed* stop and save flags; start this step's, if it
+        measures. Every rank does the same at the same steps.
 
         Only the all-reduced flag may decide: a SIGTERM that lands on one rank after it sent
         0 is carried by the next measuring step, whereas stopping on the local flag now would
         leave that rank in a barrier while the others run the next step (deadlock).
         """
-        if not self._reduce_here:
-            return False, False
-        self._reduce_here = False
-        local_sq, stop, save, spacing, global_sq = self._reduce_measuring()
-        piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
-        if self._measuring:  # not while Adam's P is still made of a step or two
-            self.gns.update(*estimate(local_sq, global_sq, piece_bsz, self._replicas))
-        proposed = round(spacing * self._replicas)  # rank 0's alone: the others sent 0
-        if proposed > 0:
-            self._sync_spacing = proposed
-        return stop > 0, save > 0
+        stop = save = False
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.work.wait()
+            local_sq, stop_f, save_f, spacing, global_sq = (
+                float(v) for v in torch.cat([pending.send, pending.total.reshape(1)]).tolist()
+            )
+            if pending.update:  # not while Adam's P was still made of a step or two
+                self.gns.update(*estimate(local_sq, global_sq, pending.piece_bsz, self._replicas))
+            proposed = round(spacing * self._replicas)  # rank 0's alone: the others sent 0
+            if proposed > 0:
+                self._sync_spacing = proposed
+            stop, save = stop_f > 0, save_f > 0
+        if self._norm_hooks:
+            self._pending = self._launch_measurement()
+        return stop, save
 
     def _measure_single(self) -> Callable[[], None] | None:
         """K = 1: noise from the step's micro-batch pieces, all taken at the same weights.
@@ -972,6 +1020,19 @@ def prewarm_optimizer(wait: bool = True) -> None:
     if wait:
         with _OPTIMIZER.one_blas_thread():
             pass
+
+
+@dataclass
+class _PendingMeasurement:
+    """A measuring step's agreement in flight (K > 1): the all-reduce of [Σ local |g|²,
+    stop, save, spacing] / K, |ḡ|², whether it updates the noise estimate, and the samples
+    per replica it measured."""
+
+    work: Any
+    send: torch.Tensor
+    total: torch.Tensor
+    update: bool
+    piece_bsz: int
 
 
 def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:

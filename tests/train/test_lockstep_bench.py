@@ -105,3 +105,16 @@ def test_a_timing_file_without_step_ends_is_refused(tmp_path: Path) -> None:
     old.write_text(json.dumps({"step_times": [0.1], "step_cpu_times": [0.1]}))
     with pytest.raises(RuntimeError, match="no step_ends"):
         read_timing(old)
+
+
+def test_the_overhead_benchmark_pairs_the_real_library_and_plain_jobs(tmp_path: Path) -> None:
+    """``train_bench.lockstep_overhead`` end to end, short: both example scripts still write
+    ``step_ends``, their windows pair, and the figures are where a summary expects them."""
+    from benchmarks.train_bench import _overhead_keys, lockstep_overhead
+
+    ov = lockstep_overhead(1, tmp_path, steps=300, repeats=2, window_s=0.1)
+    keys = _overhead_keys(1, ov)
+    assert keys["overhead_1r_window_pairs"] >= 4
+    assert 0.7 < keys["overhead_1r"] < 1.4  # the same CNN step on both sides, give or take
+    assert keys["overhead_1r_ci_low"] <= keys["overhead_1r"] <= keys["overhead_1r_ci_high"]
+    assert set(keys["step_ms_1r"]) == {"plain", "library"}
