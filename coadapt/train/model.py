@@ -512,14 +512,17 @@ class AdaptiveModel:
     def _propose_spacing(self) -> int:
         """Rank 0's spacing of measuring steps at K > 1 (0: too few timed steps to say).
 
-        A measuring step's all-reduce cannot overlap its backward, which on 2 CPU cores costs
-        ~8% of a step (one in ``measure_every`` = 4: ~2%) but could cost far more where the
-        all-reduce is as long as the backward (a large model across nodes). So measuring
-        steps are spaced until their extra time is at most MEASURE_BUDGET of the training
-        time, as split steps are at one replica, from the wall times of both kinds of step
-        at the current (m, s); the spacing rides the same all-reduce, so every rank adopts
-        it at the same step. The stop and save flags ride these steps as well, so the
-        spacing never exceeds FLAG_LATENCY_S of steps either.
+        A measuring step pays its norm hooks inside the backward, a pass over the reduced
+        gradients and a small all-reduce: about nothing on the examples, but a cost that
+        grows with the model (one dot per parameter tensor, twice). So measuring steps are
+        spaced until their extra time is at most MEASURE_BUDGET of the training time, as
+        split steps are at one replica, from the wall times of both kinds of step at the
+        current (m, s) (after the gate, which measures every step); the spacing rides the
+        same all-reduce, so every rank adopts it at the same step. The stop and save flags
+        ride these steps as well, so the spacing never exceeds FLAG_LATENCY_S of steps
+        either. (Reducing a measuring step by hand, without DDP's overlap, had cost 2-3x a
+        step on the teacher MLP, and spacing such steps left the agent starved of noise
+        readings: issue 19.)
         """
         meas, other = self._walls[True], self._walls[False]
         if len(meas) < 3 or len(other) < 8:

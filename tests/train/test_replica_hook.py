@@ -1,8 +1,9 @@
-"""Two replicas: a measuring step reduces its own gradients with the noise statistics and the
-stop/save flags appended (issue 19); the other steps are DDP's own C++ all-reduce. Every
-step must apply exactly the replicas' mean gradient, the estimate must stay right, and a
-SIGTERM on one rank must still stop both at the same step (a disagreement would leave one
-rank in the next collective)."""
+"""Two replicas: every step is DDP's own C++ all-reduce; a measuring step's hooks take the
+local gradient norms before DDP reduces them, and the noise statistics and the stop/save
+flags are agreed in a small all-reduce read at the next step (issue 19). Every step must
+apply exactly the replicas' mean gradient, the estimate must stay right, and a SIGTERM on
+one rank must still stop both at the same step (a disagreement would leave one rank in the
+next collective)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,8 @@ ct.shutdown()
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_every_step_applies_the_replicas_mean_gradient(tmp_path: Path, optimizer: str) -> None:
     """40 steps, one in three measuring (or fewer, as rank 0's pacing agrees): the weights
-    follow a twin that all-reduces its gradients by hand, on measuring steps (reduced by
-    the library) and on the others (DDP's); both ranks measure the same steps."""
+    follow a twin that all-reduces its gradients by hand, on measuring steps (with the
+    library's norm hooks) and on the others; both ranks measure the same steps."""
     script = tmp_path / "mean_job.py"
     script.write_text(_MEAN_SCRIPT)
     cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", str(script), optimizer]
