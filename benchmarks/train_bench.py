@@ -121,10 +121,10 @@ def lockstep_overhead(
     variants: tuple[str, str] = ("plain", "library"),
 ) -> dict[str, Any]:
     """Library over plain twin (``variants``: denominator, numerator), the two jobs run in
-    lockstep (``benchmarks/lockstep.py``):
-    per repeat the median of its window pairs' ratios; over the repeats their median and a 95%
-    bootstrap interval (the repeat is the unit resampled: what differs between two starts of
-    the same job, such as memory layout, stays in the interval). Also the pairs pooled."""
+    lockstep (``benchmarks/lockstep.py``): per repeat the median of its window pairs' ratios;
+    over the repeats their median and a 95% bootstrap interval (the repeat is the unit
+    resampled: what differs between two starts of the same job, such as memory layout, stays
+    in the interval). Also the pairs pooled."""
     per_repeat: dict[str, list[float]] = {"step_times": [], "step_cpu_times": []}
     pooled: dict[str, list[float]] = {"step_times": [], "step_cpu_times": []}
     step_s: dict[str, list[float]] = {v: [] for v in variants}
