@@ -189,9 +189,9 @@ def test_every_page_loads_without_console_errors(tab: Any, cluster: Cluster) -> 
     page.wait_for_selector("#chart-steptimes svg circle")  # observed step times
     page.wait_for_selector("#chart-model svg path")  # the model's T_iter curve
     page.wait_for_selector("#chart-tta svg path")  # time so far vs the initial batch
-    page.wait_for_function(
-        "document.querySelector('#logs').textContent.includes('done at step 40')"
-    )
+    # A selector, not wait_for_function: Playwright polls a string predicate through eval,
+    # which the dashboard's CSP (no 'unsafe-eval') refuses whenever the logs arrive late.
+    page.wait_for_selector("#logs:has-text('done at step 40')")
     page.wait_for_selector("#events-table td:text-is('alloc')")
     t.shot("job-detail")
     t.go("#/experiments")
