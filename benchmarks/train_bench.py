@@ -3,7 +3,9 @@
     python benchmarks/train_bench.py --json /tmp/train.json
 
 * overhead_1r / overhead_2r: optimizer-step time of examples/digits_cnn.py (batch pinned at
-  64, noise measurement on) over its plain-PyTorch DDP twin, 1 and 2 replicas, apples to
+  64: no noise measurement, which a fixed job does not pay for at any K; at 2 replicas one
+  step in up to 64 agrees on the stop and save flags) over its plain-PyTorch DDP twin, 1
+  and 2 replicas, apples to
   apples: both fetch sample by sample through TensorDataset + default_collate
   (``--per-sample-fetch``). The two jobs run in lockstep (``benchmarks/lockstep.py``): started
   together, they take turns on the machine in 0.3 s windows, and each window of one job is
@@ -12,6 +14,9 @@
   issue-19 goal) and overhead_*_ci_low / _ci_high its 95% bootstrap interval, resampling the
   repeats; ``_pairs`` pools every window pair instead. (The same code against itself: 1.001,
   interval 0.996-1.004 at one replica.)
+* overhead_measuring_2r (part ``overhead_measuring``): the same at 2 replicas for a fixed
+  job that measures φ as an adaptive one does (``--measure-noise``: norm hooks and the
+  agreement, spaced so that they cost at most MEASURE_BUDGET = 5%).
 * overhead_cpu_*: the same ratio of per-step CPU time of the training thread (at 2 replicas it
   leaves out the gloo threads).
 * overhead_runs_* (part ``overhead_runs``): the older method, whole 200-step runs of each job
@@ -85,6 +90,8 @@ VARIANTS = {  # name → (script, extra arguments)
     "plain": (PLAIN, []),
     "library": (LIB, ["--fixed", "--per-sample-fetch"]),
     "library_batched": (LIB, ["--fixed"]),
+    # a fixed job that pays for φ as an adaptive one does (one measurement per agreed step)
+    "library_measuring": (LIB, ["--fixed", "--per-sample-fetch", "--measure-noise"]),
 }
 #: Each job's turn in a lockstep overhead run: 40-100 steps of the 3-8 ms digits step.
 LOCKSTEP_WINDOW_S = 0.3
@@ -572,6 +579,7 @@ def inproc_overhead(tmp: Path) -> dict[str, float]:
 
 PARTS = (
     "overhead",
+    "overhead_measuring",
     "overhead_runs",
     "instructions",
     "inproc",
@@ -608,6 +616,15 @@ def main() -> int:
                 log(f"overhead at {k} replica(s): {args.repeats} repeats in lockstep")
                 ov = lockstep_overhead(k, tmp, args.lockstep_steps, args.repeats, log=log)
                 res.update(_overhead_keys(k, ov))
+        if "overhead_measuring" in parts:
+            log(f"overhead of measuring φ at 2 replicas: {args.repeats} repeats in lockstep")
+            ov = lockstep_overhead(
+                2, tmp, args.lockstep_steps, args.repeats, log=log,
+                variants=("plain", "library_measuring"),
+            )  # fmt: skip
+            res["overhead_measuring_2r"] = ov["ratio"]
+            res["overhead_measuring_2r_ci"] = ov["ratio_ci"]
+            res["overhead_measuring_cpu_2r"] = ov["cpu_ratio"]
         if "overhead_runs" in parts:
             for k in (1, 2):
                 log(f"overhead at {k} replica(s): {args.repeats} interleaved whole runs")
@@ -659,6 +676,8 @@ def main() -> int:
         "overhead_1r_ci_high",
         "overhead_2r",
         "overhead_2r_ci_high",
+        "overhead_measuring_2r",
+        "overhead_measuring_cpu_2r",
         "instructions_ratio_1r",
         "instructions_ratio_2r",
         "overhead_runs_1r",

@@ -46,6 +46,7 @@ def main() -> None:
         loader,
         grad_smoothing=0.995,
         measure_every=2,
+        measure_noise=True,  # a fixed batch: φ is measured only when asked for
     )
     for _ in loader.epochs(100):  # one optimizer step in measure_every is measured
         for xb, yb in loader:

@@ -143,7 +143,15 @@ class AdaptiveModel:
         ddp_kwargs: dict[str, Any] | None = None,
         checkpoint_every: int | None = None,
         checkpoint_interval: float | None = None,
+        measure_noise: bool | None = None,
     ) -> None:
+        """``measure_noise``: whether to pay for gradient-noise measurements (a split step's
+        extra micro-batch at one replica, the norm hooks and agreement at K > 1), within
+        MEASURE_BUDGET. None (the default): only in a job that may change its batch, the one
+        that reads φ; True: in a fixed job too, to report φ (at one replica one step in
+        ``measure_every``: a fixed job does not fit the timings that budget needs); the
+        pieces of an accumulating step at one replica are measured whatever it says (they
+        cost nothing extra)."""
         if retune_every < 1 or measure_every < 2 or report_every < 1:
             raise TrainConfigError("need retune_every >= 1, measure_every >= 2, report_every >= 1")
         if checkpoint_every is None:
@@ -196,13 +204,21 @@ class AdaptiveModel:
         # DDP reduces it (registered by the forward of its sync micro-batch), the norms they
         # took, and Adam's P for them
         self._norm_hooks: list[Any] = []
-        self._local_parts: list[torch.Tensor] = []
         self._hook_pinv: list[torch.Tensor] | None = None
+        self._agreements: list[_AgreementBuffer] = []  # two, used in turn (_open_agreement)
+        self._agreement: _AgreementBuffer | None = None  # the one this measuring step fills
         self._pending: _PendingMeasurement | None = None  # its agreement, still in flight
         self._flags: dict[tuple[bool, bool, int], torch.Tensor] = {}
+        self._norm_takers: list[Callable[[torch.Tensor], None]] = []  # one per parameter
         # K > 1: recent wall times of measuring and other steps at the current (m, s), and
         # the agreed spacing of measuring steps that keeps their extra cost in MEASURE_BUDGET
-        self._walls: dict[bool, deque[float]] = {True: deque(maxlen=16), False: deque(maxlen=32)}
+        # rank 0's step times at K > 1 by kind (_record_wall): a measuring step ("launch"),
+        # the next one, which finishes its agreement ("finish"), and the rest ("plain")
+        self._walls: dict[str, deque[float]] = {
+            "launch": deque(maxlen=16),
+            "finish": deque(maxlen=16),
+            "plain": deque(maxlen=32),
+        }
         self._walls_key: tuple[int, int, int, int] | None = None
         self._sync_spacing = 0
         self._warmup = _WARMUP_STEPS
@@ -224,9 +240,11 @@ class AdaptiveModel:
             and loader.pinned_batch_size is None
         )
         # Only a job that may change its batch reads φ (at a fixed M the efficiency is 1
-        # whatever φ is), so only it pays a split step's extra micro-batch to measure it at
-        # one replica without accumulation (pieces of K > 1 or s > 0 cost nothing extra).
-        self._splits = self._gated
+        # whatever φ is), so only it pays to measure it: a split step's extra micro-batch at
+        # one replica without accumulation, the norm hooks and reads at K > 1 (about a
+        # quarter of a 2-replica digits step per measurement: issue 19). A fixed job's
+        # agreement steps at K > 1 carry the stop and save flags alone.
+        self._splits = self._reads_noise = self._gated if measure_noise is None else measure_noise
         # K = 1 without accumulation: steps between split measurements so that their extra
         # micro-batch costs at most MEASURE_BUDGET of the training time (set at re-tunes)
         self._split_spacing = 0
@@ -250,7 +268,7 @@ class AdaptiveModel:
         if self.ctx.distributed:
             ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             # No comm hook: DDP's own all-reduce runs in C++ on every step. A measuring step
-            # takes the local norms on the side (_watch_local_norms), see there.
+            # takes the local norms on the side (_open_agreement), see there.
             self.ddp = DistributedDataParallel(self.module, device_ids=ids, **(ddp_kwargs or {}))
         self._update_lr_scale()
         self._request_split()
@@ -300,7 +318,7 @@ class AdaptiveModel:
         by ``ct.shutdown()`` before the group is destroyed. The model still runs forward
         passes on its own module (an evaluation after training)."""
         self.ddp = None
-        self._unwatch_local_norms()
+        self._close_agreement()
         pending, self._pending = self._pending, None
         if pending is not None:  # the group is about to go: let its last collective end
             with contextlib.suppress(RuntimeError):
@@ -322,8 +340,8 @@ class AdaptiveModel:
                 # DDP all-reduces only on the last micro-batch of an optimizer step.
                 sync = self.loader.is_sync_step
                 self.ddp.require_backward_grad_sync = sync
-                if sync and not self._norm_hooks and self.steps % self._measure_period == 0:
-                    self._watch_local_norms()
+                if sync and self._agreement is None and self.steps % self._measure_period == 0:
+                    self._open_agreement()
                 return self.ddp(*args, **kwargs)
             return self.module(*args, **kwargs)
         except Exception as exc:
@@ -437,9 +455,10 @@ class AdaptiveModel:
         return gram
 
     # -- measuring steps at K > 1 -----------------------------------------------------------
-    def _watch_local_norms(self) -> None:
+    def _open_agreement(self) -> None:
         """Before a measuring step's sync backward (K > 1): take each gradient's squared norm
-        (pre-conditioned for Adam) the moment it is accumulated, before DDP reduces it.
+        (pre-conditioned for Adam) the moment it is accumulated, before DDP reduces it (in a
+        job that reads φ; in a fixed one the step agrees on the flags alone).
 
         A tensor's post-accumulate-grad hook runs inside its AccumulateGrad node, before the
         node's post hooks, where DDP's reducer copies the gradient into its bucket: the hook
@@ -453,29 +472,53 @@ class AdaptiveModel:
         readings. The hooks exist only during measuring steps.
         """
         params = self._params
-        pinv = self._pinv(list(params)) if self._precondition else None
-        self._hook_pinv = pinv
-        self._local_parts = []
-        parts = self._local_parts
-
-        def hook_for(d: torch.Tensor | None) -> Callable[[torch.Tensor], None]:
-            def take(p: torch.Tensor) -> None:
-                g = p.grad
-                if g is not None:
-                    x = (g if d is None else g / d).reshape(-1)
-                    parts.append(torch.dot(x, x))
-
-            return take
-
+        buf = self._next_agreement(params)
+        buf.local.zero_()  # a parameter the backward does not reach adds nothing
+        self._agreement = buf
+        if not self._reads_noise:
+            return
+        self._hook_pinv = self._pinv(list(params)) if self._precondition else None
+        if not self._norm_takers:
+            self._norm_takers = [self._norm_taker(i) for i in range(len(params))]
         self._norm_hooks = [
-            p.register_post_accumulate_grad_hook(hook_for(None if pinv is None else pinv[i]))
-            for i, p in enumerate(params)
+            p.register_post_accumulate_grad_hook(take)
+            for p, take in zip(params, self._norm_takers, strict=True)
         ]
 
-    def _unwatch_local_norms(self) -> None:
+    def _norm_taker(self, i: int) -> Callable[[torch.Tensor], None]:
+        """Parameter ``i``'s hook: its local |g|² (pre-conditioned) into the agreement's slot
+        ``i``, in place (no tensor to stack later)."""
+
+        def take(p: torch.Tensor) -> None:
+            g, buf, pinv = p.grad, self._agreement, self._hook_pinv
+            if g is None or buf is None:
+                return
+            x = (g if pinv is None else g / pinv[i]).reshape(-1)
+            slot = buf.slots[i]
+            if x.dtype != slot.dtype:
+                x = x.to(slot.dtype)
+            torch.dot(x, x, out=slot)
+
+        return take
+
+    def _next_agreement(self, params: list[nn.Parameter]) -> _AgreementBuffer:
+        """The agreement buffer not in flight: two, used in turn, since a step that measures
+        right after another fills one while the other's all-reduce may still run."""
+        if not self._agreements:
+            dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else None
+            device = next((p.device for p in params), self.ctx.device)
+            self._agreements = [
+                _AgreementBuffer.make(len(params), device, dtype or torch.float32) for _ in range(2)
+            ]
+        buf = self._agreements.pop(0)
+        self._agreements.append(buf)
+        return buf
+
+    def _close_agreement(self) -> None:
         for h in self._norm_hooks:
             h.remove()
         self._norm_hooks = []
+        self._agreement = None
 
     def _launch_measurement(self) -> _PendingMeasurement:
         """After a measuring step's backward (K > 1; DDP has reduced its gradients): start
@@ -487,27 +530,38 @@ class AdaptiveModel:
         where a rank waits for the other, and on two shared cores that cost more than the
         measurement itself (lockstep, issue 19).
         """
-        self._unwatch_local_norms()
-        parts, self._local_parts = self._local_parts, []
+        buf = self._agreement
+        self._close_agreement()
         pinv, self._hook_pinv = self._hook_pinv, None
-        grads = [p.grad for p in self._params]
-        device = next((g.device for g in grads if g is not None), self.ctx.device)
-        f64 = torch.float64
-        local = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
+        if buf is None:
+            raise RuntimeError("a measurement launched without its agreement buffer")
         stop = self.ctx.stop_requested
         lead = self.ctx.rank == 0
         save = lead and self._checkpoint_due()
-        flag = self._flag(stop, save, self._propose_spacing() if lead else 0, device, f64)
-        send = torch.cat([local.to(f64).reshape(1), flag]).div_(self._replicas)
-        work = dist.all_reduce(send, async_op=True)
-        sq = [
-            _flat_sq(g.reshape(-1), None if pinv is None else pinv[i].reshape(-1)).to(f64)
-            for i, g in enumerate(grads)
-            if g is not None
-        ]
-        total = torch.stack(sq).sum() if sq else torch.zeros((), dtype=f64, device=device)
+        spacing = self._propose_spacing() if lead else 0
+        buf.flags.copy_(self._flag(stop, save, spacing, buf.send.device, buf.send.dtype))
+        work = dist.all_reduce(buf.send, async_op=True)  # summed: divided when read
+        if not self._reads_noise:
+            return _PendingMeasurement(work, buf, None, False, 0)
+        total = self._reduced_norm(pinv, buf.send.dtype, buf.send.device)
         piece_bsz = self.loader.step_local_bsz * (self.loader.accum_steps + 1)
-        return _PendingMeasurement(work, send, total, self._measuring, piece_bsz)
+        return _PendingMeasurement(work, buf, total, self._measuring, piece_bsz)
+
+    def _reduced_norm(
+        self, pinv: list[torch.Tensor] | None, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """|ḡ| of the replicas' mean gradient (DDP has reduced it), pre-conditioned: a few
+        fused ops, however many parameters (a dot per parameter cost ~13 µs each here)."""
+        present = [(p.grad, i) for i, p in enumerate(self._params) if p.grad is not None]
+        if not present:
+            return torch.zeros((), dtype=dtype, device=device)
+        grads = [g for g, _ in present]
+        if pinv is not None:
+            grads = list(torch._foreach_div(grads, [pinv[i] for _, i in present]))
+        norms = list(torch._foreach_norm(grads))
+        if any(n.dtype != dtype for n in norms):
+            norms = [n.to(dtype) for n in norms]
+        return torch.linalg.vector_norm(torch.stack(norms))
 
     def _propose_spacing(self) -> int:
         """Rank 0's spacing of measuring steps at K > 1 (0: too few timed steps to say).
@@ -523,26 +577,38 @@ class AdaptiveModel:
         either. (Reducing a measuring step by hand, without DDP's overlap, had cost 2-3x a
         step on the teacher MLP, and spacing such steps left the agent starved of noise
         readings: issue 19.)
+
+        A measurement's cost is split over two steps: the measuring step itself, and the next
+        one, which waits for the agreement, reads it back and updates the estimate. Timing
+        only the first, the digits CNN's measuring steps read *faster* than the others (3.5
+        vs 3.6 ms: the others held the second half), so the spacing stayed at
+        ``measure_every`` while measuring cost 4.5% of the training CPU time (issue 19).
         """
-        meas, other = self._walls[True], self._walls[False]
-        if len(meas) < 3 or len(other) < 8:
+        walls = self._walls
+        if not self._reads_noise and len(walls["plain"]) >= 8:  # only the flags to agree on
+            base = statistics.median(walls["plain"])
+            return min(MAX_MEASURE_SPACING, max(1, int(FLAG_LATENCY_S / base)) if base > 0 else 1)
+        if len(walls["launch"]) < 3 or len(walls["finish"]) < 3 or len(walls["plain"]) < 8:
             return 0
-        base = statistics.median(other)
-        extra = statistics.median(meas) - base
+        base = statistics.median(walls["plain"])
+        extra = statistics.median(walls["launch"]) + statistics.median(walls["finish"]) - 2 * base
         if base <= 0 or extra <= 0:
             return 1
         by_budget = math.ceil(extra / (MEASURE_BUDGET * base))
         by_latency = max(1, int(FLAG_LATENCY_S / base))  # the flags ride these steps too
         return min(MAX_MEASURE_SPACING, by_latency, by_budget)
 
-    def _record_wall(self, measuring: bool, seconds: float) -> None:
-        """Time one step at K > 1 for :meth:`_propose_spacing` (rank 0's; per (m, s))."""
+    def _record_wall(self, launched: bool, finished: bool, seconds: float) -> None:
+        """Time one step at K > 1 for :meth:`_propose_spacing` (rank 0's; per (m, s)): one
+        that ``launched`` a measurement, ``finished`` the last one's agreement, or neither. A
+        step that did both (measuring every step) tells neither cost apart: not kept."""
         key = self._key()
         if key != self._walls_key:
             self._walls_key = key
-            self._walls[True].clear()
-            self._walls[False].clear()
-        self._walls[measuring].append(seconds)
+            for times in self._walls.values():
+                times.clear()
+        if not (launched and finished):
+            self._walls["launch" if launched else "finish" if finished else "plain"].append(seconds)
 
     def _flag(
         self, stop: bool, save: bool, spacing: int, device: torch.device, dtype: torch.dtype
@@ -600,7 +666,7 @@ class AdaptiveModel:
             return False
         stop = self.ctx.stop_requested
         finish: Callable[[], None] | None = None
-        measuring_sync = bool(self._norm_hooks)
+        launched, finished = self._agreement is not None, self._pending is not None
         if self.ddp is not None:
             stop, save = self._measure_distributed()
         else:
@@ -625,7 +691,7 @@ class AdaptiveModel:
                 self.profile.record_grad(self._key(), now - loader.step_start)
             if self.ddp is not None and self.ctx.rank == 0 and not self._gated:
                 # not while gated: every step measures then, and early steps run slower
-                self._record_wall(measuring_sync, now - loader.step_start)
+                self._record_wall(launched, finished, now - loader.step_start)
         if not self._stepped:  # restart latency: the controller times a rescale by this
             self._stepped = True
             self.ctx.metrics.emit(
@@ -707,16 +773,16 @@ class AdaptiveModel:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.work.wait()
-            local_sq, stop_f, save_f, spacing, global_sq = (
-                float(v) for v in torch.cat([pending.send, pending.total.reshape(1)]).tolist()
-            )
-            if pending.update:  # not while Adam's P was still made of a step or two
+            *local, stop_f, save_f, spacing = pending.buffer.send.tolist()
+            if pending.update and pending.total is not None:  # not while Adam's P was young
+                global_sq = float(pending.total) ** 2
+                local_sq = math.fsum(local) / self._replicas  # the replicas' mean
                 self.gns.update(*estimate(local_sq, global_sq, pending.piece_bsz, self._replicas))
-            proposed = round(spacing * self._replicas)  # rank 0's alone: the others sent 0
+            proposed = round(spacing)  # rank 0's alone: the others sent 0
             if proposed > 0:
                 self._sync_spacing = proposed
             stop, save = stop_f > 0, save_f > 0
-        if self._norm_hooks:
+        if self._agreement is not None:
             self._pending = self._launch_measurement()
         return stop, save
 
@@ -1026,21 +1092,33 @@ def prewarm_optimizer(wait: bool = True) -> None:
 
 
 @dataclass
+class _AgreementBuffer:
+    """What a measuring step all-reduces (K > 1), allocated once: each parameter's local |g|²
+    (written by its hook), then the stop and save flags and rank 0's spacing; summed over
+    the replicas. ``slots``, ``local`` and ``flags`` are views into ``send``."""
+
+    send: torch.Tensor
+    local: torch.Tensor
+    flags: torch.Tensor
+    slots: list[torch.Tensor]
+
+    @classmethod
+    def make(cls, params: int, device: torch.device, dtype: torch.dtype) -> _AgreementBuffer:
+        send = torch.zeros(params + 3, dtype=dtype, device=device)
+        return cls(send, send[:params], send[params:], list(send[:params].unbind()))
+
+
+@dataclass
 class _PendingMeasurement:
-    """A measuring step's agreement in flight (K > 1): the all-reduce of [Σ local |g|²,
-    stop, save, spacing] / K, |ḡ|², whether it updates the noise estimate, and the samples
-    per replica it measured."""
+    """A measuring step's agreement in flight (K > 1): the all-reduce of its buffer, |ḡ|
+    (this replica's reduced gradient's norm, pre-conditioned), whether it updates the noise
+    estimate, and the samples per replica it measured."""
 
     work: Any
-    send: torch.Tensor
-    total: torch.Tensor
+    buffer: _AgreementBuffer
+    total: torch.Tensor | None  # None: the flags alone (a job that does not read φ)
     update: bool
     piece_bsz: int
-
-
-def _flat_sq(buf: torch.Tensor, pinv: torch.Tensor | None) -> torch.Tensor:
-    x = buf if pinv is None else buf / pinv
-    return torch.dot(x, x)
 
 
 def _comm_device(model: AdaptiveModel) -> torch.device:

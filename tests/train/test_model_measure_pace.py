@@ -101,28 +101,35 @@ def test_a_follow_up_waits_for_fresh_noise_measurements(ctx: TrainingContext) ->
 def test_measuring_steps_of_several_replicas_are_spaced_to_their_budget(
     ctx: TrainingContext,
 ) -> None:
-    """K > 1: a measuring step reduces its gradients after the backward instead of during
-    it; rank 0 proposes a spacing that keeps the extra time in MEASURE_BUDGET, capped so the
-    stop and save flags (which ride those steps) are agreed within FLAG_LATENCY_S."""
+    """K > 1: rank 0 proposes a spacing that keeps a measurement's extra time in
+    MEASURE_BUDGET, counting both steps it costs (the measuring one and the next, which
+    finishes its agreement), capped so the stop and save flags (which ride those steps) are
+    agreed within FLAG_LATENCY_S."""
     model = _job(ctx, measure_every=4)
     assert model._propose_spacing() == 0  # nothing timed yet: no proposal
     for _ in range(8):
-        model._record_wall(False, 0.010)
+        model._record_wall(False, False, 0.010)
     for _ in range(3):
-        model._record_wall(True, 0.013)  # +30%: one in 6 keeps it at 5%
+        model._record_wall(True, False, 0.010)  # the measuring step looks free...
+    assert model._propose_spacing() == 0  # ...but its agreement is not finished: no proposal
+    for _ in range(3):
+        model._record_wall(False, True, 0.013)  # ...the next step pays 30%: one in 6 is 5%
     assert model._propose_spacing() == math.ceil(0.003 / (MEASURE_BUDGET * 0.010)) == 6
+    model._record_wall(True, True, 5.0)  # a step that did both tells neither cost: not kept
+    assert model._propose_spacing() == 6
     for _ in range(16):
-        model._record_wall(True, 0.200)  # 20x dearer, but flags within 0.5 s of 10 ms steps
+        model._record_wall(True, False, 0.200)  # 20x dearer, but flags within 0.5 s of 10 ms
     assert model._propose_spacing() == min(MAX_MEASURE_SPACING, int(FLAG_LATENCY_S / 0.010))
     for _ in range(32):
-        model._record_wall(False, 0.300)  # slow steps: 0.5 s is one step, measure_every wins
-    assert model._propose_spacing() == 1
+        model._record_wall(False, False, 0.300)  # slow steps: 0.5 s is one step
+    assert model._propose_spacing() == 1  # measure_every wins
     model._gated, model._sync_spacing = False, 1
     model.ddp = object()  # type: ignore[assignment]  # only its presence is read here
     assert model._measure_period == 4
     model._sync_spacing = 9
     assert model._measure_period == 9
     model._walls_key = (0, 0, 0, 0)  # the timings are per (m, s): another size starts afresh
-    model._record_wall(False, 0.010)
-    assert len(model._walls[True]) == 0 and list(model._walls[False]) == [0.010]
+    model._record_wall(False, False, 0.010)
+    assert list(model._walls["plain"]) == [0.010]
+    assert not model._walls["launch"] and not model._walls["finish"]
     model.ddp = None

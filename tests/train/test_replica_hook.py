@@ -55,7 +55,7 @@ torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 adam = sys.argv[1] == "adam"
 opt = (torch.optim.Adam if adam else torch.optim.SGD)(net.parameters(), lr=0.05)
-model = ct.AdaptiveModel(net, opt, loader, measure_every=3)
+model = ct.AdaptiveModel(net, opt, loader, measure_every=3, measure_noise=sys.argv[2] == "1")
 twin = copy.deepcopy(net)  # the reference: same weights, same optimizer, plain mean gradient
 twin_opt = (torch.optim.Adam if adam else torch.optim.SGD)(twin.parameters(), lr=0.05)
 worst = 0.0
@@ -76,14 +76,18 @@ ct.shutdown()
 """
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_every_step_applies_the_replicas_mean_gradient(tmp_path: Path, optimizer: str) -> None:
-    """40 steps, one in three measuring (or fewer, as rank 0's pacing agrees): the weights
+@pytest.mark.parametrize(("optimizer", "measure"), [("sgd", True), ("adam", True), ("sgd", False)])
+def test_every_step_applies_the_replicas_mean_gradient(
+    tmp_path: Path, optimizer: str, measure: bool
+) -> None:
+    """40 steps, one in three agreeing (or fewer, as rank 0's pacing agrees): the weights
     follow a twin that all-reduces its gradients by hand, on measuring steps (with the
-    library's norm hooks) and on the others; both ranks measure the same steps."""
+    library's norm hooks) and on the others; both ranks measure the same steps. A fixed job
+    measures only when asked (``measure_noise``); its agreement steps carry the flags."""
     script = tmp_path / "mean_job.py"
     script.write_text(_MEAN_SCRIPT)
     cmd = [sys.executable, "-m", "coadapt.train.launch", "-n", "2", str(script), optimizer]
+    cmd.append("1" if measure else "0")
     proc = subprocess.run(
         cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False
     )
@@ -91,7 +95,10 @@ def test_every_step_applies_the_replicas_mean_gradient(tmp_path: Path, optimizer
     lines = [ln.split("MEAN")[1].split() for ln in proc.stdout.splitlines() if "MEAN" in ln]
     assert sorted(int(f[0]) for f in lines) == [0, 1], proc.stdout[-2000:]
     for _, measured, worst, _ in lines:
-        assert 0 < int(measured) < 40  # both kinds of step ran
+        if measure:
+            assert 0 < int(measured) < 40  # both kinds of step ran
+        else:
+            assert int(measured) == 0  # a fixed job does not pay for φ unless asked
         assert float(worst) < 1e-5, proc.stdout[-2000:]
     assert lines[0][1:2] + lines[0][3:] == lines[1][1:2] + lines[1][3:]  # agreed: count, spacing
 

@@ -58,6 +58,11 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=512)
     p.add_argument("--max-local-bsz", type=int, default=256)
     p.add_argument("--fixed", action="store_true", help="pin the batch size at M0")
+    p.add_argument(
+        "--measure-noise",
+        action="store_true",
+        help="measure the gradient noise even with --fixed (as an adaptive job does)",
+    )
     p.add_argument("--target-accuracy", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None)
@@ -84,7 +89,9 @@ def main() -> None:
     )
     net = CNN()
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
-    model = ct.AdaptiveModel(net, opt, loader, retune_every=20)
+    model = ct.AdaptiveModel(
+        net, opt, loader, retune_every=20, measure_noise=True if args.measure_noise else None
+    )
     start, step_times, t_prev = time.perf_counter(), [], 0.0
     cpu_times: list[float] = []  # per-step CPU time of this thread: robust to machine load
     step_ends: list[float] = []  # when each timed step ended (benchmarks pair windows)
