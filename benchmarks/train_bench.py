@@ -598,12 +598,25 @@ def main() -> int:
         "--lockstep-steps", type=int, default=LOCKSTEP_STEPS, help="steps per lockstep job"
     )
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument(
+        "--replicas",
+        default="1,2",
+        help="replica counts of the overhead parts (comma-separated; default 1,2)",
+    )
     p.add_argument("--target-accuracy", type=float, default=0.97)
     p.add_argument(
         "--parts", default=",".join(PARTS), help="comma-separated subset of " + ", ".join(PARTS)
     )
     args = p.parse_args()
     parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        p.error(f"unknown part(s) {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}")
+    try:
+        replica_counts = [int(k) for k in args.replicas.split(",")]
+    except ValueError:
+        p.error(f"--replicas takes comma-separated integers, got {args.replicas!r}")
+    if any(k < 1 for k in replica_counts):
+        p.error(f"--replicas must be >= 1, got {args.replicas!r}")
     res: dict[str, Any] = {}
 
     def log(message: str) -> None:  # progress on stderr; the table goes to stdout
@@ -612,7 +625,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if "overhead" in parts:
-            for k in (1, 2):
+            for k in replica_counts:
                 log(f"overhead at {k} replica(s): {args.repeats} repeats in lockstep")
                 ov = lockstep_overhead(k, tmp, args.lockstep_steps, args.repeats, log=log)
                 res.update(_overhead_keys(k, ov))
@@ -626,7 +639,7 @@ def main() -> int:
             res["overhead_measuring_2r_ci"] = ov["ratio_ci"]
             res["overhead_measuring_cpu_2r"] = ov["cpu_ratio"]
         if "overhead_runs" in parts:
-            for k in (1, 2):
+            for k in replica_counts:
                 log(f"overhead at {k} replica(s): {args.repeats} interleaved whole runs")
                 ov = overhead(k, tmp, args.steps, args.repeats)
                 res[f"overhead_runs_{k}r"] = ov["ratio"]

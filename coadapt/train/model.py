@@ -244,6 +244,12 @@ class AdaptiveModel:
         # one replica without accumulation, the norm hooks and reads at K > 1 (about a
         # quarter of a 2-replica digits step per measurement: issue 19). A fixed job's
         # agreement steps at K > 1 carry the stop and save flags alone.
+        if measure_noise is False and self._gated:
+            raise TrainConfigError(
+                "measure_noise=False, but this job may change its batch size, and it chooses "
+                "one from the gradient noise: pin the batch (max_batch_size = batch_size) or "
+                "leave measure_noise unset"
+            )
         self._splits = self._reads_noise = self._gated if measure_noise is None else measure_noise
         # K = 1 without accumulation: steps between split measurements so that their extra
         # micro-batch costs at most MEASURE_BUDGET of the training time (set at re-tunes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -260,3 +261,23 @@ def test_checkpoint_interval_from_the_environment() -> None:
     assert TrainEnv.from_env({"COADAPT_CHECKPOINT_EVERY": "100"}).checkpoint_every == 100
     with pytest.raises(TrainConfigError, match="COADAPT_CHECKPOINT_EVERY"):
         TrainEnv.from_env({"COADAPT_CHECKPOINT_EVERY": "often"})
+
+
+def test_measure_noise_is_paid_only_where_phi_is_read(ctx: TrainingContext) -> None:
+    """A job that may change its batch measures φ; a fixed one only when asked; asking an
+    adaptive job not to measure is refused (it could never leave its noise gate)."""
+    data = TensorDataset(torch.randn(256, 3), torch.randn(256, 1))
+    adaptive = AdaptiveDataLoader(data, batch_size=8, max_batch_size=64, context=ctx)
+    fixed = AdaptiveDataLoader(data, batch_size=8, context=ctx, name="fixed-loader")
+
+    def make(loader: AdaptiveDataLoader, name: str, **kw: Any) -> AdaptiveModel:
+        lin = nn.Linear(3, 1)
+        return AdaptiveModel(
+            lin, torch.optim.SGD(lin.parameters(), lr=0.01), loader, name=name, **kw
+        )
+
+    assert make(adaptive, "a")._reads_noise
+    assert not make(fixed, "f")._reads_noise
+    assert make(fixed, "f2", measure_noise=True)._reads_noise
+    with pytest.raises(TrainConfigError, match="measure_noise=False"):
+        make(adaptive, "a2", measure_noise=False)
