@@ -399,8 +399,18 @@ class AdaptiveModel:
         return self.gns.grad_params(self.loader.init_batch_size)
 
     # -- pre-conditioning -----------------------------------------------------------------
-    def _pinv(self, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """Adam's sqrt(v̂) + ε per parameter (None before the first step: P = I)."""
+    def _pinv(
+        self, params: list[torch.Tensor], unseen_out: bool = False
+    ) -> list[torch.Tensor] | None:
+        """Adam's sqrt(v̂) + ε per parameter (None before the first step: P = I).
+
+        ``unseen_out``: ∞ where v̂ is 0, so a coordinate that has never had a gradient
+        weighs nothing. At K > 1 the norms are taken before the optimizer step, with the v̂
+        of the steps before: a dead ReLU unit's weights (5-10% of the cancer MLP's early
+        on) have v̂ = 0, and the first gradient one of them gets on one replica was divided
+        by ε = 1e-8, so |G|² read 4e11 against 1.5e3 at one replica, whose norms follow
+        the step (v̂ then holds that gradient), φ read ~1.4, and the job never left M0
+        (issue 19)."""
         if not self._precondition:
             return None
         vs, bcs, eps = [], [], 1e-8
@@ -415,6 +425,9 @@ class AdaptiveModel:
         out = list(torch._foreach_div(vs, bcs))
         torch._foreach_sqrt_(out)
         torch._foreach_add_(out, eps)
+        if unseen_out:
+            for t in out:
+                t.masked_fill_(t <= eps, math.inf)
         return out
 
     def _grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -483,7 +496,7 @@ class AdaptiveModel:
         self._agreement = buf
         if not self._reads_noise:
             return
-        self._hook_pinv = self._pinv(list(params)) if self._precondition else None
+        self._hook_pinv = self._pinv(list(params), unseen_out=True) if self._precondition else None
         if not self._norm_takers:
             self._norm_takers = [self._norm_taker(i) for i in range(len(params))]
         self._norm_hooks = [

@@ -281,3 +281,33 @@ def test_measure_noise_is_paid_only_where_phi_is_read(ctx: TrainingContext) -> N
     assert make(fixed, "f2", measure_noise=True)._reads_noise
     with pytest.raises(TrainConfigError, match="measure_noise=False"):
         make(adaptive, "a2", measure_noise=False)
+
+
+def test_a_coordinate_adam_has_never_seen_weighs_nothing_in_the_k_gt_1_norms(
+    ctx: TrainingContext,
+) -> None:
+    """At K > 1 the pre-conditioned norms are taken before the optimizer step, with the v̂ of
+    the steps before: where v̂ is 0 (a dead ReLU unit's weights) the preconditioner is ∞
+    (the coordinate weighs nothing), not ε, which made one new gradient 1e16 times too large
+    and φ read ~1 (issue 19). The default (K = 1, after the step) keeps ε."""
+    data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
+    loader = AdaptiveDataLoader(data, batch_size=8, max_batch_size=32, context=ctx)
+    lin = nn.Linear(3, 1)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.01)
+    model = AdaptiveModel(lin, opt, loader)
+    for _, (x, y) in zip(range(3), loader, strict=False):
+        model.step(nn.functional.mse_loss(model(x), y))
+    weight = lin.weight
+    opt.state[weight]["exp_avg_sq"][0, 1] = 0.0  # never had a gradient
+    params = list(model._params)
+    seen = model._pinv(params)
+    unseen = model._pinv(params, unseen_out=True)
+    assert seen is not None and unseen is not None
+    i = next(j for j, p in enumerate(params) if p is weight)
+    assert float(seen[i][0, 1]) == pytest.approx(1e-8)
+    assert math.isinf(float(unseen[i][0, 1]))
+    finite = torch.isfinite(unseen[i])
+    assert int(finite.sum()) == weight.numel() - 1
+    assert torch.equal(unseen[i][finite], seen[i][finite])  # the rest as before
+    g = torch.ones_like(weight)
+    assert float((g / unseen[i])[0, 1]) == 0.0
