@@ -250,7 +250,7 @@ class AdaptiveModel:
                 "one from the gradient noise: pin the batch (max_batch_size = batch_size) or "
                 "leave measure_noise unset"
             )
-        self._splits = self._reads_noise = self._gated if measure_noise is None else measure_noise
+        self._reads_noise = self._gated if measure_noise is None else measure_noise
         # K = 1 without accumulation: steps between split measurements so that their extra
         # micro-batch costs at most MEASURE_BUDGET of the training time (set at re-tunes)
         self._split_spacing = 0
@@ -438,7 +438,7 @@ class AdaptiveModel:
         """K = 1: ask the loader to split the next step in two if it is a measuring one (only
         in a job that may change its batch: a fixed one at s = 0 does not measure φ)."""
         self.loader.split_next = (
-            self._splits and self.ddp is None and self._replicas == 1 and self._measuring
+            self._reads_noise and self.ddp is None and self._replicas == 1 and self._measuring
         )
 
     def _flatten(self, row: int) -> bool:
@@ -539,7 +539,7 @@ class AdaptiveModel:
         self._norm_hooks = []
         self._agreement = None
 
-    def _launch_measurement(self) -> _PendingMeasurement:
+    def _launch_measurement(self, buf: _AgreementBuffer) -> _PendingMeasurement:
         """After a measuring step's backward (K > 1; DDP has reduced its gradients): start
         agreeing on [Σ local |g|², stop, save, rank 0's spacing] in one small all-reduce, in
         the background, and take |ḡ|² meanwhile (|·|² pre-conditioned for Adam).
@@ -549,11 +549,8 @@ class AdaptiveModel:
         where a rank waits for the other, and on two shared cores that cost more than the
         measurement itself (lockstep, issue 19).
         """
-        buf = self._agreement
         self._close_agreement()
         pinv, self._hook_pinv = self._hook_pinv, None
-        if buf is None:
-            raise RuntimeError("a measurement launched without its agreement buffer")
         stop = self.ctx.stop_requested
         lead = self.ctx.rank == 0
         save = lead and self._checkpoint_due()
@@ -586,16 +583,17 @@ class AdaptiveModel:
         """Rank 0's spacing of measuring steps at K > 1 (0: too few timed steps to say).
 
         A measuring step pays its norm hooks inside the backward, a pass over the reduced
-        gradients and a small all-reduce: about nothing on the examples, but a cost that
-        grows with the model (one dot per parameter tensor, twice). So measuring steps are
-        spaced until their extra time is at most MEASURE_BUDGET of the training time, as
-        split steps are at one replica, from the wall times of both kinds of step at the
-        current (m, s) (after the gate, which measures every step); the spacing rides the
-        same all-reduce, so every rank adopts it at the same step. The stop and save flags
-        ride these steps as well, so the spacing never exceeds FLAG_LATENCY_S of steps
-        either. (Reducing a measuring step by hand, without DDP's overlap, had cost 2-3x a
-        step on the teacher MLP, and spacing such steps left the agent starved of noise
-        readings: issue 19.)
+        gradients and a small all-reduce: ~1 ms on the 2-replica digits CNN's ~4 ms step
+        (below), a cost that grows with the model (one dot per parameter tensor). So
+        measuring steps are spaced until their extra time is at most MEASURE_BUDGET of the
+        training time, as split steps are at one replica, from the wall times of the kinds
+        of step at the current (m, s) (after the gate, which measures every step); the
+        spacing rides the same all-reduce, so every rank adopts it at the same step. The
+        stop and save flags ride these steps as well, so the spacing never exceeds
+        FLAG_LATENCY_S of steps either (a job that does not read φ: that bound alone).
+        (Reducing a measuring step by hand, without DDP's overlap, had cost 2-3x a step on
+        the teacher MLP, and spacing such steps left the agent starved of noise readings:
+        issue 19.)
 
         A measurement's cost is split over two steps: the measuring step itself, and the next
         one, which waits for the agreement, reads it back and updates the estimate. Timing
@@ -604,17 +602,20 @@ class AdaptiveModel:
         ``measure_every`` while measuring cost 4.5% of the training CPU time (issue 19).
         """
         walls = self._walls
-        if not self._reads_noise and len(walls["plain"]) >= 8:  # only the flags to agree on
-            base = statistics.median(walls["plain"])
-            return min(MAX_MEASURE_SPACING, max(1, int(FLAG_LATENCY_S / base)) if base > 0 else 1)
-        if len(walls["launch"]) < 3 or len(walls["finish"]) < 3 or len(walls["plain"]) < 8:
+        if len(walls["plain"]) < 8:
             return 0
         base = statistics.median(walls["plain"])
+        if base <= 0:
+            return 1
+        by_latency = max(1, int(FLAG_LATENCY_S / base))  # the flags ride these steps too
+        if not self._reads_noise:  # only the flags to agree on
+            return min(MAX_MEASURE_SPACING, by_latency)
+        if len(walls["launch"]) < 3 or len(walls["finish"]) < 3:
+            return 0
         extra = statistics.median(walls["launch"]) + statistics.median(walls["finish"]) - 2 * base
-        if base <= 0 or extra <= 0:
+        if extra <= 0:
             return 1
         by_budget = math.ceil(extra / (MEASURE_BUDGET * base))
-        by_latency = max(1, int(FLAG_LATENCY_S / base))  # the flags ride these steps too
         return min(MAX_MEASURE_SPACING, by_latency, by_budget)
 
     def _record_wall(self, launched: bool, finished: bool, seconds: float) -> None:
@@ -802,7 +803,7 @@ class AdaptiveModel:
                 self._sync_spacing = proposed
             stop, save = stop_f > 0, save_f > 0
         if self._agreement is not None:
-            self._pending = self._launch_measurement()
+            self._pending = self._launch_measurement(self._agreement)
         return stop, save
 
     def _measure_single(self) -> Callable[[], None] | None:
