@@ -508,13 +508,24 @@ def main() -> int:
     p.add_argument(
         "--gns-check", action="store_true", help="only: benchmarks/gns_check.py (φ vs brute force)"
     )
-    p.add_argument("--overhead-repeats", type=int, default=10)
+    p.add_argument(
+        "--overhead-repeats", type=int, default=10, help="lockstep repeats at 1 replica (>= 2)"
+    )
+    p.add_argument(
+        "--overhead-repeats-2r",
+        type=int,
+        default=40,
+        help="lockstep repeats at 2 replicas (>= 2): two starts of a 2-rank job differ by a "
+        "few percent, so its interval needs ~4x the repeats (~33 s each on 2 cores)",
+    )
     # worker mode (inside the launched job)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed-list", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    args, _ = p.parse_known_args()
+    args, unknown = p.parse_known_args()  # a worker may be handed the launcher's extras
+    if unknown and not args.worker:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.worker:
         if not args.seed_list or args.workload not in WORKLOADS or not args.modes:
             p.error("--worker needs --workload, --modes and --seed-list")
@@ -522,6 +533,11 @@ def main() -> int:
     for name in args.workloads.split(","):
         if name not in WORKLOADS:
             p.error(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    if not args.skip_overhead and min(args.overhead_repeats, args.overhead_repeats_2r) < 2:
+        p.error(  # checked now, not after the race: an interval needs two repeats
+            "--overhead-repeats and --overhead-repeats-2r need >= 2 (or pass --skip-overhead), "
+            f"got {args.overhead_repeats} and {args.overhead_repeats_2r}"
+        )
     if args.gns_check:  # the brute-force check lives in its own script now
         from benchmarks.gns_check import main as gns_main
 
@@ -563,8 +579,13 @@ def main() -> int:
     if not args.skip_overhead:
         from benchmarks.train_bench import robust_overhead
 
-        log(f"overhead: {args.overhead_repeats} interleaved repeats at 1 and 2 replicas")
-        summary.update(robust_overhead(args.overhead_repeats, log))
+        log(
+            f"overhead: {args.overhead_repeats} lockstep repeats at 1 replica, "
+            f"{args.overhead_repeats_2r} at 2"
+        )
+        summary.update(
+            robust_overhead(args.overhead_repeats, log, repeats_2r=args.overhead_repeats_2r)
+        )
         summary["load_after_overhead"] = load_average()
     print(
         f"{'workload':<9}{'K':>2} {'mode':<20}{'reached':>8}{'tta_s':>9}{'±':>7}"

@@ -145,3 +145,28 @@ def test_a_gpu_job_gets_its_workload_on_its_device() -> None:
     train, xte, yte, mk = _to_device(built, torch.device("meta"))
     assert all(t.device.type == "meta" for t in (*train.tensors, xte, yte))
     assert train.tensors[0].shape == (4, 3) and mk is make
+
+
+@pytest.mark.parametrize("flag", ["--overhead-repeats", "--overhead-repeats-2r"])
+def test_too_few_overhead_repeats_are_refused_before_the_race(flag: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tta_bench.py"), flag, "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "need >= 2" in proc.stderr and "--skip-overhead" in proc.stderr
+    assert "trials" not in proc.stderr  # no trial ran
+
+
+def test_a_mistyped_option_is_refused_not_ignored() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tta_bench.py"), "--overhead-repats", "40"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "unrecognized arguments: --overhead-repats 40" in proc.stderr
