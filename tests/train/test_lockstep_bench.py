@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -81,8 +82,10 @@ def test_two_real_jobs_never_step_outside_their_own_windows(tmp_path: Path) -> N
         assert not stray, f"job {j} stepped outside its windows at {stray[:3]}"
     ratios = lockstep_ratios(windows, timings, num=1, den=0)
     assert len(ratios["step_times"]) >= 3
-    # the same 2 ms step on both sides: pairs agree within a few percent
-    assert all(0.9 < r < 1.1 for r in ratios["step_times"]), ratios["step_times"]
+    # the same 2 ms step on both sides: the median pair agrees within a few percent. A single
+    # pair may not: a busy step is timed by the wall clock, so a window in which the other test
+    # worker took the core stretches it (CI saw one pair at 0.70 beside a dozen at 1.00)
+    assert 0.9 < statistics.median(ratios["step_times"]) < 1.1, ratios["step_times"]
 
 
 def test_a_failing_job_is_reported_with_its_log_and_the_other_is_stopped(tmp_path: Path) -> None:
