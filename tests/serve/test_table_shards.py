@@ -212,6 +212,12 @@ def _thread_states(pid: int) -> dict[int, str | None]:
 def test_a_stopped_shard_fails_the_batch_at_the_deadline_not_never(ctx: Ctx) -> None:
     before = ctx.info().get("sparse")
     pid = ctx.shard_pids[0]
+    # the PID must still be shard 0's: a shard restarted unseen would leave a PID that another
+    # process may take (pid_max is 32768 on many hosts, and every thread spends one)
+    shown = [s["pid"] for s in before["table_shards"]]  # type: ignore[index]
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert shown[0] == pid and b"_table_shard" in cmdline, (pid, shown, cmdline)
+    assert cmdline[cmdline.index(b"--index") + 1] == b"0", cmdline
     os.kill(pid, signal.SIGSTOP)  # alive but silent: the slow-shard case
     try:
         # A group stop reaches each thread when it next leaves the kernel: wait until every
