@@ -264,6 +264,12 @@ class ModelSlot:
         next delta on the live state (then with the merge still to run between batches)."""
         manifest = artifacts.read_manifest(self.root, version)
         if manifest.sparse is not None:
+            if self.shards is not None:
+                # remote_target() said no only because it could not read this manifest a
+                # moment ago: never load the whole table into a worker the shards exist to spare
+                raise ShardUnavailableError(
+                    f"version {version} of {self.name} is served from the table shards"
+                )
             return self._load_sparse(version)
         base = (self.live.version, self.live.state) if self.live is not None else None
         module, manifest, state = artifacts.build_model(self.root, version, base)
@@ -450,6 +456,8 @@ class Worker:
                     break
                 try:
                     new, pending = await asyncio.to_thread(slot.load, want)
+                except ShardUnavailableError:
+                    break  # a sparse version on table shards: the next poll takes it remotely
                 except (ValueError, OSError, RuntimeError, TypeError, KeyError) as exc:
                     slot.refuse(want, str(exc))  # ArtifactError is a ValueError
                     self.metrics.load_failures.labels(name).inc()

@@ -5,6 +5,7 @@ part, versions switch under load with no lost or mixed answer, a killed shard gi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -33,8 +34,13 @@ from coadapt.serve.artifacts import (  # noqa: E402
     set_live,
 )
 from coadapt.serve.config import ServeConfig  # noqa: E402
+from coadapt.serve.runtime import ModelSlot, Worker  # noqa: E402
 from coadapt.serve.sparse_artifacts import load_tables, read_delta  # noqa: E402
-from coadapt.serve.table_shards import common_version, export_shards_of  # noqa: E402
+from coadapt.serve.table_shards import (  # noqa: E402
+    ShardUnavailableError,
+    common_version,
+    export_shards_of,
+)
 from coadapt.sparse.client import PSClient  # noqa: E402
 from coadapt.sparse.server import TableSpec, running_servers  # noqa: E402
 from tests.serve.conftest import ROOT, Server, stop_server  # noqa: E402
@@ -282,6 +288,24 @@ def test_a_corrupt_delta_is_refused_by_a_shard_and_the_live_version_keeps_servin
     (ctx.root / "LIVE").unlink()  # a new full version goes live past the refused delta
     ctx.trainer.train(1)
     ctx.wait_on(ctx.publish())
+
+
+def test_a_worker_never_loads_a_sharded_models_tables_itself(
+    ctx: Ctx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``remote_target()`` says no when it cannot read the live manifest (an EMFILE, say): the
+    ordinary path must then neither load the whole table into the worker nor refuse the
+    version; the next poll takes it from the shards."""
+    config = ServeConfig(
+        models={"ctr": str(ctx.root)}, table_shards=2, shard_socket_dir=str(tmp_path)
+    )
+    worker = Worker(config)
+    slot = worker.slots["ctr"]
+    monkeypatch.setattr(ModelSlot, "remote_target", lambda self: False)
+    asyncio.run(worker.refresh())
+    assert slot.live is None and slot.refused == {}
+    with pytest.raises(ShardUnavailableError, match="served from the table shards"):
+        slot.load(max(ctx.expected))
 
 
 def test_versions_each_shard_holds_and_the_partition() -> None:
