@@ -115,7 +115,7 @@ def test_the_overhead_benchmark_pairs_the_real_library_and_plain_jobs(tmp_path: 
     ``step_ends``, their windows pair, and the figures are where a summary expects them."""
     from benchmarks.train_bench import _overhead_keys, lockstep_overhead
 
-    ov = lockstep_overhead(1, tmp_path, steps=300, repeats=2, window_s=0.1)
+    ov = lockstep_overhead(1, tmp_path, steps=120, repeats=2, window_s=0.1)
     keys = _overhead_keys(1, ov)
     assert keys["overhead_1r_window_pairs"] >= 4
     assert 0.7 < keys["overhead_1r"] < 1.4  # the same CNN step on both sides, give or take
