@@ -14,8 +14,8 @@ TORCH_PIN ?= torch==2.13.0
 # `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` (empty: pip's own config).
 TORCH_INDEX ?=
 # Test processes (pytest-xdist). Most tests wait on the real processes they start (imports,
-# servers coming up), so on 2 cores three workers finish sooner than two (6:46 vs 7:19-7:58
-# for the parallel part, measured) and the whole suite stays under 10 minutes; each test
+# servers coming up), so on 2 cores three workers finish sooner than two (6:24-6:46 vs
+# 7:19-7:58 for the parallel part, measured) and the whole suite stays under 10 minutes; each test
 # file stays on one worker (module fixtures are started once). Tests marked `serial`
 # (timing-sensitive: steps lost to a kill, ranks agreeing on a stop) run afterwards, alone.
 # `make test TEST_WORKERS=0`: one process.

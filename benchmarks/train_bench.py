@@ -282,8 +282,8 @@ def robust_overhead(
     bootstrap interval, the CPU ratio, and the instructions ratio.
 
     ``repeats_2r`` (default ``repeats``): two starts of the same 2-rank job differ by a few
-    percent (a repeat's ratio sd ~0.04-0.05 against ~0.01 at one replica), so the interval at 2
-    replicas needs ~4x the repeats to be as narrow (see docs/train.md)."""
+    percent (a repeat's ratio sd 0.036 against 0.019 at one replica, measured), so the interval
+    at 2 replicas needs ~4x the repeats to be as narrow (see docs/train.md)."""
     counts = {1: repeats, 2: repeats if repeats_2r is None else repeats_2r}
     if min(counts.values()) < 2:
         raise ValueError(f"need >= 2 repeats for an interval, got {counts}")
